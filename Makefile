@@ -1,0 +1,30 @@
+# Two commands set up everything on a fresh machine: `make demo` and `make test`.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+
+.PHONY: install demo test lint bench clean
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml constraints.txt
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip==25.3 -c constraints.txt
+	$(PY) -m pip install --quiet -c constraints.txt -e '.[dev]'
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(VENV)/bin/pollux goodput
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check .
+
+test: $(STAMP) lint
+	$(PY) -m pytest -q
+
+bench: $(STAMP)
+	$(PY) benchmarks/goodput.py --data ../shared/data/pollux-osdi21/traces --json
+
+clean:
+	rm -rf $(VENV) .pytest_cache .ruff_cache .hypothesis
