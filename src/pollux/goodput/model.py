@@ -127,8 +127,12 @@ def optimize(model: GoodputModel, nodes: ArrayLike, replicas: ArrayLike,
     valid_pair = (k >= 1) & (n >= 1) & (n <= k)
     k_safe = np.where(valid_pair, k, 1.0)
     n_safe = np.where(valid_pair, n, 1.0)
+    if model.init_batch_size != limits.init_batch_size:
+        raise ValueError(f"limits.init_batch_size: {limits.init_batch_size:g} differs from the model's "
+                         f"init_batch_size {model.init_batch_size:g}")
     m0, mmax = limits.init_batch_size, float(limits.max_batch_size)
-    lo, hi = limits.min_local_bsz, float(limits.max_local_bsz)
+    # Local batches are whole examples: round fractional bounds inwards.
+    lo, hi = math.ceil(limits.min_local_bsz - 1e-9), math.floor(float(limits.max_local_bsz) + 1e-9)
 
     low = np.maximum(m0, lo * k_safe)                               # (P,)
     valid_pair &= low <= mmax
@@ -146,7 +150,11 @@ def optimize(model: GoodputModel, nodes: ArrayLike, replicas: ArrayLike,
     ok = (m >= lo) & (m <= hi) & valid_pair[:, None]
     batch = kk * m * (s + 1.0)
     tp = batch / t_iter(model.throughput_params, n_safe[:, None], kk, m, s)
-    eff = model.efficiency(batch)
+    if limits.adaptive:
+        eff = model.efficiency(batch)
+    else:
+        # A fixed-batch job's step is worth the same whatever its batch rounding (SPEC §2).
+        eff = np.ones_like(batch)
     good = np.where(ok, tp * eff, 0.0)
     best = np.argmax(good, axis=1)
     rows = np.arange(good.shape[0])
@@ -190,9 +198,10 @@ def fair_share(num_nodes: int, gpus_per_node: int, num_jobs: int,
     reproduced to match the published comparison.
     """
     total = num_nodes * gpus_per_node
-    d = gpus_per_replica / total
-    replicas = max(math.ceil(1.0 / d / max(num_jobs, 1)), 1)
-    nodes = max(math.ceil(num_nodes * d), 1)
+    jobs = max(int(num_jobs), 1)
+    # Integer arithmetic: 1/d = total/gpus_per_replica exactly, so no float rounding creeps in.
+    replicas = max(-(-total // (gpus_per_replica * jobs)), 1)
+    nodes = max(-(-(num_nodes * gpus_per_replica) // total), 1)
     return min(nodes, replicas), replicas
 
 

@@ -19,8 +19,12 @@ def check_number(name: str, value: Any, *, minimum: float = 0.0, maximum: float 
     """
     if isinstance(value, bool):
         raise ValueError(f"{name}: expected a number, got a boolean ({value!r})")
+    if isinstance(value, str | bytes | bytearray):
+        raise ValueError(f"{name}: expected a number, got a string ({value!r})")
     try:
         number = float(value)
+    except OverflowError:
+        raise ValueError(f"{name}: number too large ({str(value)[:20]}...)") from None
     except (TypeError, ValueError):
         raise ValueError(f"{name}: expected a number, got {value!r}") from None
     if not math.isfinite(number):
@@ -113,6 +117,9 @@ class GradStats:
         missing = [n for n in ("sqr", "var") if n not in data]
         if missing:
             raise ValueError(f"{where}: missing field(s) {', '.join(missing)}")
+        extra = sorted(set(data) - {"sqr", "var"})
+        if extra:
+            raise ValueError(f"{where}: unknown field(s) {', '.join(extra)}")
         try:
             return cls(sqr=data["sqr"], var=data["var"])
         except ValueError as exc:

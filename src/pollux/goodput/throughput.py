@@ -257,11 +257,11 @@ def fit_throughput(
         accum_a = np.full_like(optim_a, np.nan)
     else:
         accum_a = np.atleast_1d(np.asarray(accum_step_time, dtype=np.float64))
-    n = optim_a.size
-    for name, arr in (("nodes", nodes_a), ("replicas", replicas_a), ("local_bsz", m_a),
+    n = nodes_a.size
+    for name, arr in (("replicas", replicas_a), ("local_bsz", m_a), ("optim_step_time", optim_a),
                       ("accum_step_time", accum_a)):
         if arr.size != n:
-            raise ValueError(f"{name}: expected {n} records, got {arr.size}")
+            raise ValueError(f"{name}: expected {n} records (as many as nodes), got {arr.size}")
     fallback = previous if previous is not None else initial
     if n == 0:
         return ThroughputFit(fallback, False, "no records to fit", float("nan"), (), 0)
