@@ -1,0 +1,224 @@
+"""The one interface every scheduling policy implements (SPEC §5), shared by simulator and service.
+
+A policy is a pure function of what the caller tells it: the jobs (``JobView``), the cluster, the
+current allocation, the policy's own state from the previous round, the time and a seeded random
+generator. It returns the new allocation and its new state. It never reads clocks, files or globals,
+so the simulator and the live service run the very same code, and a replayed round gives the same
+answer.
+
+``Allocation`` is ``{job id: {node id: GPUs}}``; jobs absent from it (or with an empty mapping)
+hold no GPUs. Dense matrices are an internal detail of a policy. Policy state is a dict of JSON
+values and numpy arrays; :func:`encode_state`/:func:`decode_state` turn it into plain JSON for
+persistence.
+"""
+
+from __future__ import annotations
+
+import base64
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import numpy as np
+
+from pollux.goodput import BatchLimits, GoodputModel
+
+Allocation = dict[str, dict[str, int]]
+PolicyState = dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class Cluster:
+    """Nodes with stable string ids and their GPU counts (GPU types come later, SPEC §10)."""
+
+    nodes: tuple[str, ...]
+    gpus: tuple[int, ...]
+
+    def __post_init__(self) -> None:
+        if len(self.nodes) != len(self.gpus):
+            raise ValueError(f"gpus: {len(self.gpus)} entries for {len(self.nodes)} nodes")
+        if len(set(self.nodes)) != len(self.nodes):
+            raise ValueError("nodes: node ids must be unique")
+        if any(g < 0 for g in self.gpus):
+            raise ValueError("gpus: GPU counts must be >= 0")
+
+    @classmethod
+    def uniform(cls, num_nodes: int, gpus_per_node: int, prefix: str = "node") -> Cluster:
+        width = len(str(max(num_nodes - 1, 0)))
+        return cls(tuple(f"{prefix}-{i:0{width}d}" for i in range(num_nodes)),
+                   (int(gpus_per_node),) * num_nodes)
+
+    @property
+    def num_nodes(self) -> int:
+        return len(self.nodes)
+
+    @property
+    def total_gpus(self) -> int:
+        return int(sum(self.gpus))
+
+    def capacity(self) -> np.ndarray:
+        return np.asarray(self.gpus, dtype=np.int64)
+
+    def index(self) -> dict[str, int]:
+        return {n: i for i, n in enumerate(self.nodes)}
+
+
+@dataclass(frozen=True, slots=True)
+class Oracle:
+    """Knowledge only a simulator has (used by Optimus+Oracle).
+
+    ``step_time[r]`` is the true seconds per optimiser step on ``r`` replicas packed 4 per node
+    (with accumulation where the fixed batch does not fit), ``inf`` where infeasible; index 0 is
+    unused. ``remaining_iterations`` is the steps left to the completion epoch at the job's batch.
+    """
+
+    remaining_iterations: float
+    step_time: np.ndarray
+
+
+@dataclass(frozen=True, slots=True)
+class JobView:
+    """What a policy may know about one job.
+
+    ``restarts`` counts re-allocations so far (R_j of the re-allocation penalty; a first start is not
+    one). ``attained_service`` is GPU-seconds held so far. ``allocation`` is the job's current
+    GPUs per node. ``model``/``limits`` are the job's *fitted* goodput model and batch limits (None
+    until the job has reported one). ``max_replicas_seen`` feeds the exploration cap. ``fixed`` is
+    (replicas, batch size) for rigid jobs (baseline policies). ``oracle`` is simulator-only.
+    """
+
+    id: str
+    submit_time: float
+    age_s: float = 0.0
+    restarts: int = 0
+    attained_service: float = 0.0
+    allocation: Mapping[str, int] = field(default_factory=dict)
+    min_replicas: int = 0
+    max_replicas: int = 64
+    preemptible: bool = True
+    model: GoodputModel | None = None
+    limits: BatchLimits | None = None
+    max_replicas_seen: int = 0
+    fixed: tuple[int, int] | None = None
+    oracle: Oracle | None = None
+    application: str | None = None
+
+    @property
+    def num_replicas(self) -> int:
+        return int(sum(self.allocation.values()))
+
+    @property
+    def running(self) -> bool:
+        return self.num_replicas > 0
+
+
+class Policy(Protocol):
+    """A scheduling policy. ``name`` is one of ``pollux``, ``tiresias``, ``optimus``, ``fifo``."""
+
+    name: str
+
+    def decide(
+        self,
+        jobs: Sequence[JobView],
+        cluster: Cluster,
+        allocation: Allocation,
+        state: PolicyState | None,
+        now: float,
+        rng: np.random.Generator,
+    ) -> tuple[Allocation, PolicyState]: ...
+
+
+# --------------------------------------------------------------------------------------------
+# Helpers shared by policies
+# --------------------------------------------------------------------------------------------
+
+
+def to_matrix(allocation: Mapping[str, Mapping[str, int]], job_ids: Sequence[str],
+              cluster: Cluster) -> np.ndarray:
+    """Dense (jobs × nodes) int matrix of an allocation; unknown nodes are dropped."""
+    idx = cluster.index()
+    mat = np.zeros((len(job_ids), cluster.num_nodes), dtype=np.int64)
+    for j, jid in enumerate(job_ids):
+        for node, gpus in allocation.get(jid, {}).items():
+            if node in idx and gpus > 0:
+                mat[j, idx[node]] = int(gpus)
+    return mat
+
+
+def from_matrix(matrix: np.ndarray, job_ids: Sequence[str], cluster: Cluster) -> Allocation:
+    """Allocation of a dense (jobs × nodes) matrix; jobs without GPUs are omitted."""
+    out: Allocation = {}
+    for j, jid in enumerate(job_ids):
+        row = matrix[j]
+        nz = np.flatnonzero(row)
+        if nz.size:
+            out[jid] = {cluster.nodes[n]: int(row[n]) for n in nz}
+    return out
+
+
+def check_allocation(allocation: Allocation, cluster: Cluster) -> None:
+    """Raise ``ValueError`` if an allocation exceeds any node's capacity or names unknown nodes."""
+    idx = cluster.index()
+    used = np.zeros(cluster.num_nodes, dtype=np.int64)
+    for jid, row in allocation.items():
+        for node, gpus in row.items():
+            if node not in idx:
+                raise ValueError(f"allocation[{jid!r}]: unknown node {node!r}")
+            if gpus < 0:
+                raise ValueError(f"allocation[{jid!r}][{node!r}]: negative GPU count {gpus}")
+            used[idx[node]] += gpus
+    over = np.flatnonzero(used > cluster.capacity())
+    if over.size:
+        n = int(over[0])
+        raise ValueError(f"node {cluster.nodes[n]!r}: {int(used[n])} GPUs allocated, "
+                         f"capacity {cluster.gpus[n]}")
+
+
+def place_consolidated(replicas: int, free: np.ndarray) -> np.ndarray | None:
+    """Take ``replicas`` GPUs one at a time from the node with the most free GPUs (ties: lowest index).
+
+    Returns the per-node GPU counts, or None if not enough GPUs are free. ``free`` is not modified.
+    This is the placement of a newly started rigid job in the reference comparison.
+    """
+    if replicas <= 0:
+        return np.zeros_like(free)
+    if int(free.sum()) < replicas:
+        return None
+    left = free.astype(np.int64).copy()
+    row = np.zeros_like(left)
+    for _ in range(int(replicas)):
+        n = int(np.argmax(left))
+        row[n] += 1
+        left[n] -= 1
+    return row
+
+
+def encode_state(state: PolicyState) -> dict[str, Any]:
+    """JSON-safe copy of a policy state: numpy arrays become tagged base64 blobs."""
+    def enc(v: Any) -> Any:
+        if isinstance(v, np.ndarray):
+            arr = np.ascontiguousarray(v)
+            return {"__ndarray__": base64.b64encode(arr.tobytes()).decode("ascii"),
+                    "dtype": str(arr.dtype), "shape": list(arr.shape)}
+        if isinstance(v, dict):
+            return {str(k): enc(x) for k, x in v.items()}
+        if isinstance(v, list | tuple):
+            return [enc(x) for x in v]
+        if isinstance(v, np.generic):
+            return v.item()
+        return v
+    return enc(state)
+
+
+def decode_state(data: dict[str, Any]) -> PolicyState:
+    """Inverse of :func:`encode_state`."""
+    def dec(v: Any) -> Any:
+        if isinstance(v, dict):
+            if "__ndarray__" in v:
+                raw = base64.b64decode(v["__ndarray__"])
+                return np.frombuffer(raw, dtype=np.dtype(v["dtype"])).reshape(v["shape"]).copy()
+            return {k: dec(x) for k, x in v.items()}
+        if isinstance(v, list):
+            return [dec(x) for x in v]
+        return v
+    return dec(data)

@@ -1,0 +1,1 @@
+"""Trace-driven cluster simulator (SPEC §7): profiles, workloads, the engine and reports."""
