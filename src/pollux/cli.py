@@ -7,6 +7,7 @@ import json
 import math
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 
 import numpy as np
 
@@ -71,6 +72,60 @@ def cmd_goodput(args: argparse.Namespace) -> int:
     return 0
 
 
+def _workload_files(arg: str) -> list[Path]:
+    path = Path(arg)
+    if path.is_dir():
+        files = sorted(path.glob("*.csv"))
+        if not files:
+            raise ValueError(f"--workload {arg}: folder holds no .csv workload")
+        return files
+    if not path.is_file():
+        raise ValueError(f"--workload {arg}: no such file or folder")
+    return [path]
+
+
+def cmd_simulate(args: argparse.Namespace) -> int:
+    from pollux.policy.registry import POLICY_NAMES
+    from pollux.sim import defaults
+    from pollux.sim.engine import SimConfig
+    from pollux.sim.report import finish_time_fairness, format_table, to_json, write_plots
+    from pollux.sim.runner import RunSpec, _profiles, run_many
+
+    try:
+        profiles_dir = Path(args.profiles) if args.profiles else defaults.profiles_dir()
+        if not profiles_dir.is_dir():
+            raise ValueError(f"--profiles {profiles_dir}: no such folder")
+        workloads = _workload_files(args.workload) if args.workload else [defaults.workload_file()]
+        policies = args.policy or ["pollux", "tiresias", "optimus"]
+        for name in policies:
+            if name not in POLICY_NAMES:
+                raise ValueError(f"--policy: unknown policy {name!r}; choose from {', '.join(POLICY_NAMES)}")
+        config = SimConfig(interval=args.interval, interference=args.interference, seed=args.seed)
+        profiles = _profiles(profiles_dir)
+        from pollux.sim.workload import read_workload
+        for w in workloads:                      # validate every file before any long run starts
+            read_workload(w, applications=profiles)
+    except (ValueError, FileNotFoundError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    specs = [RunSpec(w, name, config) for w in workloads for name in policies]
+    print(f"simulating {len(workloads)} workload(s) x {len(policies)} policy(ies) "
+          f"({len(specs)} runs) on {config.num_nodes} x {config.gpus_per_node} GPUs ...", file=sys.stderr)
+    results = run_many(specs, profiles_dir, processes=args.processes, progress=not args.quiet)
+    total = config.num_nodes * config.gpus_per_node
+    for res in results:
+        finish_time_fairness(res, profiles, total)
+    print(format_table(results))
+    if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps(to_json(results), indent=1) + "\n")
+        print(f"wrote {args.json}", file=sys.stderr)
+    if args.plots:
+        for path in write_plots(results, Path(args.plots)):
+            print(f"wrote {path}", file=sys.stderr)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="pollux", description="Goodput-optimised, co-adaptive scheduling for deep learning.")
@@ -81,6 +136,26 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--job", action="append", help="example job name (repeatable; default: all)")
     p.add_argument("--json", action="store_true", help="print JSON instead of tables")
     p.set_defaults(func=cmd_goodput)
+
+    p = sub.add_parser("simulate", help="simulate workloads under scheduling policies",
+                       description="Trace-driven simulation of a GPU cluster (16 x 4 GPUs) running "
+                                   "workloads under one or more policies, on measured job profiles.")
+    p.add_argument("--profiles", metavar="DIR",
+                   help="application profiles in the Pollux OSDI'21 format (default: built-in)")
+    p.add_argument("--workload", metavar="FILE_OR_DIR",
+                   help="workload CSV, or a folder of them (default: built-in demo workload)")
+    p.add_argument("--policy", action="append", metavar="NAME",
+                   help="pollux, tiresias, optimus or fifo (repeatable; default: the first three)")
+    p.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
+    p.add_argument("--interval", type=float, default=60.0, help="scheduling interval, s (default 60)")
+    p.add_argument("--interference", type=float, default=0.0,
+                   help="slowdown of distributed jobs sharing a node, 0..1 (default 0)")
+    p.add_argument("--processes", type=int, default=None,
+                   help="parallel processes (default: one per run, at most the CPU count)")
+    p.add_argument("--json", metavar="OUT", help="write results as JSON to OUT")
+    p.add_argument("--plots", metavar="DIR", help="write PNG plots into DIR")
+    p.add_argument("--quiet", action="store_true", help="no progress output")
+    p.set_defaults(func=cmd_simulate)
     return parser
 
 

@@ -18,11 +18,13 @@ from pollux.policy.base import (
     place_consolidated,
     to_matrix,
 )
+from pollux.policy.registry import POLICY_NAMES, make_policy
 
 __all__ = [
     "Allocation",
     "Cluster",
     "JobView",
+    "POLICY_NAMES",
     "Oracle",
     "Policy",
     "PolicyState",
@@ -30,6 +32,7 @@ __all__ = [
     "decode_state",
     "encode_state",
     "from_matrix",
+    "make_policy",
     "place_consolidated",
     "to_matrix",
 ]
