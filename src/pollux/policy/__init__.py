@@ -15,16 +15,16 @@ from pollux.policy.base import (
     decode_state,
     encode_state,
     from_matrix,
-    place_consolidated,
+    place_spread,
     to_matrix,
 )
 from pollux.policy.registry import POLICY_NAMES, make_policy
 
 __all__ = [
+    "POLICY_NAMES",
     "Allocation",
     "Cluster",
     "JobView",
-    "POLICY_NAMES",
     "Oracle",
     "Policy",
     "PolicyState",
@@ -33,6 +33,6 @@ __all__ = [
     "encode_state",
     "from_matrix",
     "make_policy",
-    "place_consolidated",
+    "place_spread",
     "to_matrix",
 ]

@@ -174,11 +174,12 @@ def check_allocation(allocation: Allocation, cluster: Cluster) -> None:
                          f"capacity {cluster.gpus[n]}")
 
 
-def place_consolidated(replicas: int, free: np.ndarray) -> np.ndarray | None:
+def place_spread(replicas: int, free: np.ndarray) -> np.ndarray | None:
     """Take ``replicas`` GPUs one at a time from the node with the most free GPUs (ties: lowest index).
 
     Returns the per-node GPU counts, or None if not enough GPUs are free. ``free`` is not modified.
-    This is the placement of a newly started rigid job in the reference comparison.
+    This spreads a job over many nodes; the baselines place packed by default
+    (``pollux.policy.fifo.place_packed``), which is what reproduces the published comparison.
     """
     if replicas <= 0:
         return np.zeros_like(free)

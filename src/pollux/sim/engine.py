@@ -122,6 +122,7 @@ class SimJob:
         self.records: dict[tuple[int, int, int], tuple[float, float]] = {}
         self.params: ThroughputParams | None = None
         self.fits = 0
+        self.infeasible = 0
         m0 = self.meta.init_batch_size
         if spec.application == "ncf" and kind == ADAPTIVE:
             # Reference setting: ncf under Pollux runs its maximum batch on one replica.
@@ -256,7 +257,8 @@ class SimJob:
         while left > 1e-9:
             step, sync = self.profile.step_time(self.row, self.local_bsz)
             if not math.isfinite(step):
-                return                                   # infeasible configuration: no progress
+                self._infeasible(r)
+                return
             self.observe(step, sync)
             t_iter = (step + self.accum * (step - sync)) / (1.0 - slowdown)
             stats = self.profile.grad_stats(self.epoch, self.batch)
@@ -277,6 +279,18 @@ class SimJob:
                 self.progress += rate * left
                 self.iterations += left * rate_iter
                 left = 0.0
+
+    def _infeasible(self, replicas: int) -> None:
+        """The profile cannot run this configuration: the job makes no progress this interval.
+
+        An elastic job stops asking for this many replicas (as a live agent that failed to start
+        would report), so the policy moves it; a rigid job cannot move, which is an error.
+        """
+        self.infeasible += 1
+        if self.kind == RIGID:
+            raise RuntimeError(f"job {self.name} ({self.spec.application}): the profile has no step time "
+                               f"for placement {self.row.tolist()} with local batch {self.local_bsz}")
+        self.max_replicas = max(1, min(self.max_replicas, replicas - 1))
 
     def efficiency(self) -> float:
         if self.replicas == 0 or self.batch == 0:
