@@ -126,6 +126,34 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_workload(args: argparse.Namespace) -> int:
+    from collections import Counter
+
+    from pollux.sim import defaults
+    from pollux.sim.profiles import load_profiles
+    from pollux.sim.workload import write_workload
+    from pollux.sim.workload_gen import generate_workload
+
+    try:
+        profiles_dir = Path(args.profiles) if args.profiles else defaults.profiles_dir()
+        if not profiles_dir.is_dir():
+            raise ValueError(f"--profiles {profiles_dir}: no such folder")
+        if args.jobs < 1:
+            raise ValueError(f"--jobs: must be >= 1, got {args.jobs}")
+        jobs = generate_workload(Path(args.trace), load_profiles(profiles_dir), num_jobs=args.jobs,
+                                 seed=args.seed)
+        out = Path(args.out)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        write_workload(out, jobs)
+    except (ValueError, FileNotFoundError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    apps = Counter(j.application for j in jobs)
+    print(f"wrote {len(jobs)} jobs over {max(j.submit_time for j in jobs) / 3600:.2f} h to {out} "
+          f"({', '.join(f'{a} {n}' for a, n in sorted(apps.items()))})", file=sys.stderr)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="pollux", description="Goodput-optimised, co-adaptive scheduling for deep learning.")
@@ -156,6 +184,22 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--plots", metavar="DIR", help="write PNG plots into DIR")
     p.add_argument("--quiet", action="store_true", help="no progress output")
     p.set_defaults(func=cmd_simulate)
+
+    p = sub.add_parser("workload", help="generate workloads from a job trace",
+                       description="Workload tools (SPEC §7 format: name,time,application,num_replicas,"
+                                   "batch_size).")
+    wsub = p.add_subparsers(dest="workload_command", required=True)
+    g = wsub.add_parser("generate", help="sample a workload from a Philly-format trace",
+                        description="Sample jobs submitted 02:00-10:00 from a Philly-format trace "
+                                    "(timestamp,duration,num_gpus,gpu_time), map them to applications by "
+                                    "GPU time and give each a TunedJobs (replicas, batch) configuration.")
+    g.add_argument("--trace", required=True, metavar="FILE", help="Philly-format trace CSV")
+    g.add_argument("--jobs", type=int, default=160, help="number of jobs (default 160)")
+    g.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
+    g.add_argument("--profiles", metavar="DIR",
+                   help="application profiles for the TunedJobs configurations (default: built-in)")
+    g.add_argument("--out", required=True, metavar="FILE", help="workload CSV to write")
+    g.set_defaults(func=cmd_workload)
     return parser
 
 

@@ -27,6 +27,9 @@ PARAM_FLOOR = 1e-8
 #: Upper bound of every α and β (seconds, or seconds per sample): generous, keeps exp() finite.
 PARAM_CEIL = 1e4
 GAMMA_BOUNDS = (1.0, 10.0)
+#: L-BFGS-B stopping tolerance on the loss reduction per iteration (scipy's default). Losses here are
+#: below 1, so this is effectively absolute; 1e-5 is ~5x faster at a ~1 % worse in-sample error.
+FIT_FTOL = 2.2e-9
 #: Default starting point of a fresh fit (SPEC §3).
 INITIAL_PARAMS = ThroughputParams(0.1, 0.01, 0.1, 0.01, 0.1, 0.01, 1.001)
 
@@ -239,6 +242,7 @@ def fit_throughput(
     *,
     previous: ThroughputParams | None = None,
     initial: ThroughputParams = INITIAL_PARAMS,
+    ftol: float = FIT_FTOL,
 ) -> ThroughputFit:
     """Fit the seven parameters to observed step times (L-BFGS-B on RMSLE, SPEC §3).
 
@@ -247,7 +251,8 @@ def fit_throughput(
     gradient accumulation, the mean accumulation-step time (NaN where not observed). Records that
     share a (nodes, replicas, m) key are averaged. The exploration priors pin what the records
     cannot identify (see :func:`exploration_priors`). If the optimiser fails, the previous
-    parameters are kept (``ok=False`` and ``message`` say why).
+    parameters are kept (``ok=False`` and ``message`` say why). ``initial`` is the starting point
+    (warm-start from the previous fit to converge faster); ``ftol`` the optimiser's stopping tolerance.
     """
     nodes_a = np.atleast_1d(np.asarray(nodes, dtype=np.float64))
     replicas_a = np.atleast_1d(np.asarray(replicas, dtype=np.float64))
@@ -293,7 +298,7 @@ def fit_throughput(
         with np.errstate(all="ignore"):
             start_loss, _ = objective(z0[free])
             res = minimize(objective, z0[free], jac=True, method="L-BFGS-B", bounds=bounds,
-                           options={"maxiter": 500})
+                           options={"maxiter": 500, "ftol": ftol})
         loss = float(res.fun)
         if not np.all(np.isfinite(res.x)) or not np.isfinite(loss):
             raise FloatingPointError(f"non-finite result ({res.message})")
