@@ -14,8 +14,9 @@ $(STAMP): pyproject.toml constraints.txt
 	$(PY) -m pip install --quiet -c constraints.txt -e '.[dev]'
 	touch $(STAMP)
 
+# A short comparison of Pollux, Tiresias and Optimus+Oracle on the built-in profiles and demo workload.
 demo: $(STAMP)
-	$(VENV)/bin/pollux goodput
+	$(VENV)/bin/pollux simulate --policy pollux --policy tiresias --policy optimus --plots out/demo-plots
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
