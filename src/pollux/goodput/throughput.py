@@ -158,15 +158,21 @@ class _Objective:
         self, nodes: np.ndarray, replicas: np.ndarray, m: np.ndarray,
         optim: np.ndarray, accum: np.ndarray, free: np.ndarray, fixed: np.ndarray,
     ) -> None:
+        multi = replicas > 1
+        local = (multi & (nodes <= 1)).astype(np.float64)
+        remote = (multi & (nodes > 1)).astype(np.float64)
+        k2 = replicas - 2.0
         self.m = m
-        self.multi = replicas > 1
-        self.local = self.multi & (nodes <= 1)
-        self.remote = self.multi & (nodes > 1)
-        self.k2 = replicas - 2.0
+        self.multi = multi
+        # Design columns: T_grad = [1, m]·(α_grad, β_grad); T_sync = [loc, loc·k2, rem, rem·k2]·(...).
+        self.grad_cols = np.stack([np.ones_like(m), m], axis=1)
+        self.sync_cols = np.stack([local, local * k2, remote, remote * k2], axis=1)
         self.log_optim = np.log(optim)
+        self.inv_n1 = 1.0 / optim.size
         has_accum = np.isfinite(accum)
         self.accum_idx = np.flatnonzero(has_accum)
         self.log_accum = np.log(accum[has_accum])
+        self.accum_cols = self.grad_cols[self.accum_idx]
         self.free = free
         self.fixed = fixed
 
@@ -176,60 +182,55 @@ class _Objective:
         return p
 
     def __call__(self, x: np.ndarray) -> tuple[float, np.ndarray]:
+        # Few, whole-array operations: fits run on a handful of records, where numpy's per-call
+        # overhead, not arithmetic, is the cost.
         z = self.full(x)                      # α, β in log space; γ plain
         p = np.exp(z)
         gamma = z[_GAMMA]
-        p[_GAMMA] = gamma
-        tg = p[_AG] + p[_BG] * self.m
-        ts = np.zeros_like(tg)
-        ts[self.local] = p[_AL] + p[_BL] * self.k2[self.local]
-        ts[self.remote] = p[_AN] + p[_BN] * self.k2[self.remote]
-        to = _overlap(tg, ts, gamma)
-        log_tg, log_to = np.log(tg), np.log(to)
-        safe_ts = np.where(ts > 0, ts, 1.0)
+        tg = self.grad_cols @ p[0:2]
+        ts = self.sync_cols @ p[2:6]
+        has_ts = self.multi
         top = np.maximum(tg, ts)
         a = (tg / top) ** gamma
-        b = np.where(ts > 0, (ts / top) ** gamma, 0.0)
-        wg, ws = a / (a + b), b / (a + b)
-
+        b = (ts / top) ** gamma               # exactly 0 where ts = 0 (γ ≥ 1)
+        ab = a + b
+        to = top * ab ** (1.0 / gamma)
+        log_tg = np.log(tg)
+        log_to = np.log(to)
+        wg = a / ab
+        ws = b / ab
         grad = np.zeros(7)
-        loss = 0.0
         # Series 1: optimiser-step time against the overlapped pass-and-sync.
         e = log_to - self.log_optim
-        rmse = np.sqrt(np.mean(e * e))
-        loss += rmse
+        rmse = float(np.sqrt((e @ e) * self.inv_n1))
+        loss = rmse
         if rmse > 0:
-            c = e / (e.size * rmse)
-            d_tg = c * wg / tg                # ∂loss/∂tg per record
-            d_ts = c * ws / safe_ts
-            grad[_AG] += d_tg.sum()
-            grad[_BG] += (d_tg * self.m).sum()
-            grad[_AL] += d_ts[self.local].sum()
-            grad[_BL] += (d_ts[self.local] * self.k2[self.local]).sum()
-            grad[_AN] += d_ts[self.remote].sum()
-            grad[_BN] += (d_ts[self.remote] * self.k2[self.remote]).sum()
-            log_ts = np.where(ts > 0, np.log(safe_ts), 0.0)
-            grad[_GAMMA] += (c * (wg * log_tg + ws * log_ts - log_to) / gamma).sum()
+            c = e * (self.inv_n1 / rmse)
+            safe_ts = np.where(has_ts, ts, 1.0)
+            grad[0:2] = (c * wg / tg) @ self.grad_cols
+            grad[2:6] = (c * ws / safe_ts) @ self.sync_cols
+            log_ts = np.log(safe_ts)          # 0 where there is no sync
+            grad[_GAMMA] = float(c @ (wg * log_tg + ws * log_ts - log_to)) / gamma
         # Series 2: accumulation-step time against T_grad alone.
-        if self.accum_idx.size:
-            idx = self.accum_idx
+        idx = self.accum_idx
+        if idx.size:
             e2 = log_tg[idx] - self.log_accum
-            rmse2 = np.sqrt(np.mean(e2 * e2))
+            rmse2 = float(np.sqrt((e2 @ e2) / idx.size))
             loss += rmse2
             if rmse2 > 0:
-                c2 = e2 / (e2.size * rmse2) / tg[idx]
-                grad[_AG] += c2.sum()
-                grad[_BG] += (c2 * self.m[idx]).sum()
+                grad[0:2] += (e2 / (idx.size * rmse2 * tg[idx])) @ self.accum_cols
         # Chain rule into log space for every α and β.
         grad[:_GAMMA] *= p[:_GAMMA]
         # Regularisers: γ near 1, and sync cost dominated by its constant part.
         loss += 1e-3 * (gamma - 1.0) ** 2
         grad[_GAMMA] += 2e-3 * (gamma - 1.0)
-        for a_i, b_i in ((_AN, _BN), (_AL, _BL)):
-            r2 = (p[b_i] / p[a_i]) ** 2
-            loss += 1e-2 * r2
-            grad[b_i] += 2e-2 * r2
-            grad[a_i] -= 2e-2 * r2
+        r_node = (p[_BN] / p[_AN]) ** 2
+        r_local = (p[_BL] / p[_AL]) ** 2
+        loss += 1e-2 * (r_node + r_local)
+        grad[_BN] += 2e-2 * r_node
+        grad[_AN] -= 2e-2 * r_node
+        grad[_BL] += 2e-2 * r_local
+        grad[_AL] -= 2e-2 * r_local
         return float(loss), grad[self.free]
 
 
