@@ -235,9 +235,10 @@ def test_isolated_jct_falls_back_to_a_feasible_share(toy_profiles):
 def test_finish_time_fairness(toy_profiles):
     perfect, _ = toy_profiles
     jobs = [
-        _job("j1", "toyperfect", 0.0, 75.0, active=16.0),      # share 64/16 = 4 GPUs: iso 37.5 -> ρ 2
-        _job("j2", "toyperfect", 0.0, 225.0, active=64.0),     # share 1 GPU: iso 112.5 -> ρ 2
-        _job("j3", "toyperfect", 0.0, 112.5, active=100.0),    # share max(1, 0) = 1 -> ρ 1
+        # JCT_iso = isolated JCT + one 30 s start delay (a first start is not a restart).
+        _job("j1", "toyperfect", 0.0, 135.0, active=16.0),     # 4 GPUs: iso 37.5 + 30 -> ρ 2
+        _job("j2", "toyperfect", 0.0, 285.0, active=64.0),     # 1 GPU: iso 112.5 + 30 -> ρ 2
+        _job("j3", "toyperfect", 0.0, 142.5, active=100.0),    # share max(1, 0) = 1 -> ρ 1
         _job("j4", "toyperfect", 0.0, None, active=2.0),       # unfinished: no ρ
     ]
     result = _result(jobs=jobs)

@@ -166,9 +166,12 @@ def isolated_share(job: JobResult, total_gpus: int) -> int:
 def finish_time_fairness(result: SimResult, profiles: dict[str, AppProfile], total_gpus: int) -> SimResult:
     """Fill ``rho = JCT / JCT_iso`` of every finished job of ``result`` (in place; returns it).
 
-    ``JCT_iso`` is :func:`isolated_jct` on :func:`isolated_share` GPUs. Unfinished jobs keep
-    ``rho = None``.
+    ``JCT_iso`` is :func:`isolated_jct` on :func:`isolated_share` GPUs plus one start delay
+    (``result.config.restart_delay``): a job run alone still pays its first start, which is not a
+    restart. Without it, jobs shorter than a minute (ncf: ~46 s alone) would show ρ > 2 under every
+    policy from the start delay alone. Unfinished jobs keep ``rho = None``.
     """
+    start_delay = float(getattr(result.config, "restart_delay", 0.0))
     if total_gpus < 1:
         raise ValueError(f"total_gpus: must be >= 1, got {total_gpus}")
     for job in result.jobs:
@@ -178,7 +181,7 @@ def finish_time_fairness(result: SimResult, profiles: dict[str, AppProfile], tot
         profile = profiles.get(job.application)
         if profile is None:
             raise ValueError(f"job {job.name}: no profile for application {job.application!r}")
-        iso = isolated_jct(profile, isolated_share(job, total_gpus))
+        iso = isolated_jct(profile, isolated_share(job, total_gpus)) + start_delay
         job.rho = float(job.jct) / iso
     return result
 
