@@ -1,0 +1,235 @@
+"""The hints contract between the agent (``pollux.torch``) and the scheduler service (SPEC §8).
+
+A running job tells the service what only it knows — its fitted throughput model, its gradient
+statistics and its batch limits — by ``PUT {POLLUX_SCHEDULER_URL}/v1/jobs/{job_id}/hints`` with a JSON
+body. Both sides use this module: the agent builds the body with :func:`build_hints`, the service checks
+it with :func:`validate_hints` (answering 422 on :class:`HintsError`) and turns it into the goodput
+model a policy needs with :func:`hints_to_model`.
+
+The body is described by one JSON Schema kept in the package, ``schemas/hints-v1.json`` (draft
+2020-12). What a schema cannot express is checked here: every number finite (Python's ``json`` accepts
+``NaN`` and ``Infinity``), ``local_bsz_bounds[0] <= local_bsz_bounds[1]`` and
+``max_batch_size >= init_batch_size``.
+
+This module must not import torch: the service imports it.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import math
+import numbers
+import urllib.parse
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from jsonschema import Draft202012Validator
+from jsonschema.exceptions import ValidationError, best_match
+
+from pollux.goodput.model import BatchLimits, GoodputModel
+from pollux.goodput.records import GradStats, ThroughputParams
+
+#: Version of the hints body this module reads and writes.
+HINTS_VERSION = 1
+#: The JSON Schema of the hints body, shipped as package data.
+SCHEMA_PATH: Path = Path(__file__).resolve().parent / "schemas" / "hints-v1.json"
+#: Path of the hints endpoint under the service URL; format with a URL-quoted job id.
+HINTS_ENDPOINT = "/v1/jobs/{job_id}/hints"
+
+_INTEGER_FIELDS = ("init_batch_size", "max_batch_size", "max_replicas_seen", "epoch")
+_THROUGHPUT_FIELDS = ("alpha_grad", "beta_grad", "alpha_local", "beta_local", "alpha_node", "beta_node",
+                      "gamma")
+
+
+class HintsError(ValueError):
+    """A hints body that breaks the contract; the service answers it with HTTP 422.
+
+    ``field`` is the path of the offending value, dotted (``"throughput.gamma"``,
+    ``"local_bsz_bounds.1"``), or ``""`` for the body as a whole. The message starts with it.
+    """
+
+    status_code = 422
+
+    def __init__(self, field: str, message: str) -> None:
+        self.field = field
+        self.detail = message
+        super().__init__(f"{field or 'hints'}: {message}")
+
+
+def hints_path(job_id: str) -> str:
+    """``/v1/jobs/{job_id}/hints`` with the job id URL-quoted (no ``/`` may slip through)."""
+    return HINTS_ENDPOINT.format(job_id=urllib.parse.quote(str(job_id), safe=""))
+
+
+@functools.cache
+def _schema_text() -> str:
+    return SCHEMA_PATH.read_text(encoding="utf-8")
+
+
+def load_schema() -> dict[str, Any]:
+    """The hints JSON Schema as a fresh dict (callers may mutate it)."""
+    return json.loads(_schema_text())
+
+
+@functools.cache
+def _validator() -> Draft202012Validator:
+    schema = load_schema()
+    Draft202012Validator.check_schema(schema)
+    return Draft202012Validator(schema)
+
+
+def _join(path: str, key: str | int) -> str:
+    return f"{path}.{key}" if path else str(key)
+
+
+def _plain(value: Any, path: str) -> Any:
+    """Copy ``value`` into plain JSON types, rejecting non-finite numbers.
+
+    numpy scalars become ``int``/``float``/``bool``, tuples become lists; anything else is left for
+    the schema to reject with a type error.
+    """
+    if isinstance(value, bool | np.bool_):
+        return bool(value)
+    if isinstance(value, Mapping):
+        out = {}
+        for key, item in value.items():
+            if not isinstance(key, str):
+                raise HintsError(path, f"object keys must be strings, got {key!r}")
+            out[key] = _plain(item, _join(path, key))
+        return out
+    if isinstance(value, list | tuple):
+        return [_plain(item, _join(path, i)) for i, item in enumerate(value)]
+    if isinstance(value, numbers.Integral):
+        number = int(value)
+        try:
+            float(number)
+        except OverflowError:
+            raise HintsError(path, f"number too large ({str(number)[:20]}...)") from None
+        return number
+    if isinstance(value, numbers.Real):
+        number = float(value)
+        if not math.isfinite(number):
+            raise HintsError(path, f"must be a finite number, got {number!r}")
+        return number
+    return value
+
+
+def _error_field(error: ValidationError) -> tuple[str, str]:
+    """(field, message) of a schema error, naming the missing or extra property itself."""
+    path = ".".join(str(p) for p in error.absolute_path)
+    instance = error.instance
+    if error.validator == "required" and isinstance(instance, dict):
+        missing = [name for name in error.validator_value if name not in instance]
+        if missing:
+            return _join(path, missing[0]), "required field is missing"
+    if error.validator == "additionalProperties" and isinstance(instance, dict):
+        known = error.schema.get("properties", {})
+        extra = sorted(k for k in instance if k not in known)
+        if extra:
+            return _join(path, extra[0]), "unknown field (not in hints schema v1)"
+    message = error.message
+    if len(message) > 200:
+        message = message[:197] + "..."
+    return path, message
+
+
+def validate_hints(obj: Any) -> dict[str, Any]:
+    """Check a hints body against the contract and return it normalised.
+
+    The result is a new dict of plain JSON types: integers as ``int`` (``32.0`` becomes ``32``),
+    every other number as ``float``, ``local_bsz_bounds`` as a two-item list. Raises
+    :class:`HintsError` naming the field for a schema violation (missing or unknown field, wrong
+    type, out of range), a non-finite number, an unsupported version, ``lo > hi`` or
+    ``max_batch_size < init_batch_size``.
+    """
+    if not isinstance(obj, Mapping):
+        raise HintsError("", f"expected a JSON object, got {type(obj).__name__}")
+    data = _plain(obj, "")
+    version = data.get("version", HINTS_VERSION)
+    if isinstance(version, bool) or not isinstance(version, int | float) or version != HINTS_VERSION:
+        raise HintsError("version", f"unsupported hints version {version!r} (expected {HINTS_VERSION})")
+
+    error = best_match(_validator().iter_errors(data))
+    if error is not None:
+        raise HintsError(*_error_field(error))
+
+    lo, hi = data["local_bsz_bounds"]
+    if lo > hi:
+        raise HintsError("local_bsz_bounds", f"lower bound {lo} exceeds upper bound {hi}")
+    if data["max_batch_size"] < data["init_batch_size"]:
+        raise HintsError("max_batch_size", f"{data['max_batch_size']} is below init_batch_size "
+                                           f"{data['init_batch_size']}")
+
+    out: dict[str, Any] = {
+        "version": HINTS_VERSION,
+        "throughput": {name: float(data["throughput"][name]) for name in _THROUGHPUT_FIELDS},
+        "grad": {"sqr": float(data["grad"]["sqr"]), "var": float(data["grad"]["var"])},
+        "local_bsz_bounds": [int(lo), int(hi)],
+        "accumulation": bool(data["accumulation"]),
+        "progress": float(data["progress"]),
+    }
+    for name in _INTEGER_FIELDS:
+        out[name] = int(data[name])
+    return out
+
+
+def build_hints(
+    params: ThroughputParams | Mapping[str, float],
+    grad: GradStats | Mapping[str, float],
+    init_batch_size: int,
+    max_batch_size: int | None,
+    local_bsz_bounds: Sequence[int | None] | None,
+    accumulation: bool,
+    max_replicas_seen: int,
+    progress: float,
+    epoch: int,
+) -> dict[str, Any]:
+    """The hints body of a job, validated (see :func:`validate_hints`).
+
+    ``max_batch_size`` None means a fixed batch (``init_batch_size``). ``local_bsz_bounds`` None, or
+    a None bound, means no bound: the lower defaults to 1, the upper to ``max_batch_size``.
+    """
+    throughput = params.to_dict() if isinstance(params, ThroughputParams) else dict(params)
+    stats = grad.to_dict() if isinstance(grad, GradStats) else dict(grad)
+    max_bsz = init_batch_size if max_batch_size is None else max_batch_size
+    lo, hi = (None, None) if local_bsz_bounds is None else tuple(local_bsz_bounds)
+    body = {
+        "version": HINTS_VERSION,
+        "throughput": throughput,
+        "grad": stats,
+        "init_batch_size": init_batch_size,
+        "max_batch_size": max_bsz,
+        "local_bsz_bounds": [1 if lo is None else lo, max_bsz if hi is None else hi],
+        "accumulation": accumulation,
+        "max_replicas_seen": max_replicas_seen,
+        "progress": progress,
+        "epoch": epoch,
+    }
+    return validate_hints(body)
+
+
+def hints_to_model(hints: Mapping[str, Any]) -> tuple[GoodputModel, BatchLimits, int]:
+    """What a policy needs from a job's hints: its goodput model, batch limits and max replicas seen.
+
+    The hints are validated first (raises :class:`HintsError`).
+    """
+    data = validate_hints(hints)
+    try:
+        params = ThroughputParams.from_dict(data["throughput"], where="throughput")
+        stats = GradStats.from_dict(data["grad"], where="grad")
+        lo, hi = data["local_bsz_bounds"]
+        limits = BatchLimits(
+            init_batch_size=data["init_batch_size"],
+            max_batch_size=data["max_batch_size"],
+            min_local_bsz=lo,
+            max_local_bsz=hi,
+            accumulation=data["accumulation"],
+        )
+        model = GoodputModel(params, stats, data["init_batch_size"])
+    except ValueError as exc:  # pragma: no cover - validate_hints already enforces these
+        text = str(exc)
+        raise HintsError(text.split(":", 1)[0], text.split(":", 1)[-1].strip()) from None
+    return model, limits, data["max_replicas_seen"]

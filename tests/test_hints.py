@@ -1,0 +1,219 @@
+"""The hints contract (SPEC §8): schema, validation naming the field, build and conversion to a model."""
+
+from __future__ import annotations
+
+import copy
+import json
+import math
+import subprocess
+import sys
+
+import jsonschema
+import numpy as np
+import pytest
+
+from pollux.goodput import BatchLimits, GoodputModel, GradStats, ThroughputParams
+from pollux.hints import (
+    SCHEMA_PATH,
+    HintsError,
+    build_hints,
+    hints_path,
+    hints_to_model,
+    load_schema,
+    validate_hints,
+)
+
+PARAMS = ThroughputParams(0.0177, 0.000697, 0.0342, 0.00165, 0.128, 0.0026, 2.23)
+GRAD = GradStats(sqr=8.95, var=5.07)
+
+
+def make_hints(**overrides):
+    kwargs = dict(params=PARAMS, grad=GRAD, init_batch_size=128, max_batch_size=4096,
+                  local_bsz_bounds=(32, 1024), accumulation=True, max_replicas_seen=4,
+                  progress=12345.5, epoch=3)
+    kwargs.update(overrides)
+    return build_hints(**kwargs)
+
+
+def test_schema_is_valid_draft_2020_12_and_shipped_in_package():
+    schema = load_schema()
+    jsonschema.Draft202012Validator.check_schema(schema)
+    assert schema["$schema"].endswith("/draft/2020-12/schema")
+    assert SCHEMA_PATH.name == "hints-v1.json" and SCHEMA_PATH.parent.parent.name == "pollux"
+    assert set(schema["required"]) == set(schema["properties"])
+
+
+def test_build_hints_round_trips_through_json_and_schema():
+    hints = make_hints()
+    jsonschema.validate(hints, load_schema(), cls=jsonschema.Draft202012Validator)
+    text = json.dumps(hints, allow_nan=False)
+    again = validate_hints(json.loads(text))
+    assert again == hints
+    assert hints["version"] == 1
+    assert hints["throughput"] == PARAMS.to_dict()
+    assert hints["grad"] == {"sqr": 8.95, "var": 5.07}
+    assert hints["local_bsz_bounds"] == [32, 1024]
+    assert hints["accumulation"] is True
+
+
+def test_validate_normalises_types():
+    raw = make_hints()
+    raw["init_batch_size"] = 128.0
+    raw["epoch"] = np.int64(3)
+    raw["progress"] = 7                       # integral number in a float field
+    raw["local_bsz_bounds"] = (np.int32(32), 1024.0)
+    raw["accumulation"] = np.bool_(False)
+    raw["throughput"] = {k: np.float32(v) if k == "gamma" else v for k, v in raw["throughput"].items()}
+    out = validate_hints(raw)
+    assert type(out["init_batch_size"]) is int and out["init_batch_size"] == 128
+    assert type(out["epoch"]) is int
+    assert type(out["progress"]) is float and out["progress"] == 7.0
+    assert out["local_bsz_bounds"] == [32, 1024] and all(type(b) is int for b in out["local_bsz_bounds"])
+    assert out["accumulation"] is False
+    assert type(out["throughput"]["gamma"]) is float
+    assert raw["local_bsz_bounds"] == (np.int32(32), 1024.0)   # input untouched
+
+
+def test_build_hints_defaults_for_fixed_batch_and_open_bounds():
+    hints = make_hints(max_batch_size=None, local_bsz_bounds=None, accumulation=False)
+    assert hints["max_batch_size"] == 128
+    assert hints["local_bsz_bounds"] == [1, 128]
+    hints = make_hints(local_bsz_bounds=(16, None))
+    assert hints["local_bsz_bounds"] == [16, 4096]
+
+
+def _set(obj, path, value):
+    *parents, last = path
+    for key in parents:
+        obj = obj[key]
+    obj[last] = value
+
+
+def _delete(obj, path):
+    *parents, last = path
+    for key in parents:
+        obj = obj[key]
+    del obj[last]
+
+
+VIOLATIONS = [
+    # (description, mutation, expected field)
+    ("nan", lambda h: _set(h, ["throughput", "alpha_grad"], math.nan), "throughput.alpha_grad"),
+    ("inf", lambda h: _set(h, ["grad", "var"], math.inf), "grad.var"),
+    ("-inf", lambda h: _set(h, ["progress"], -math.inf), "progress"),
+    ("nan in bounds", lambda h: _set(h, ["local_bsz_bounds"], [math.nan, 8]), "local_bsz_bounds.0"),
+    ("negative time", lambda h: _set(h, ["throughput", "beta_node"], -1e-3), "throughput.beta_node"),
+    ("negative sqr", lambda h: _set(h, ["grad", "sqr"], -0.5), "grad.sqr"),
+    ("negative progress", lambda h: _set(h, ["progress"], -1.0), "progress"),
+    ("negative epoch", lambda h: _set(h, ["epoch"], -1), "epoch"),
+    ("negative replicas", lambda h: _set(h, ["max_replicas_seen"], -2), "max_replicas_seen"),
+    ("zero batch", lambda h: _set(h, ["init_batch_size"], 0), "init_batch_size"),
+    ("zero local lo", lambda h: _set(h, ["local_bsz_bounds"], [0, 8]), "local_bsz_bounds.0"),
+    ("missing top field", lambda h: _delete(h, ["epoch"]), "epoch"),
+    ("missing nested field", lambda h: _delete(h, ["throughput", "gamma"]), "throughput.gamma"),
+    ("missing grad", lambda h: _delete(h, ["grad", "var"]), "grad.var"),
+    ("missing version", lambda h: _delete(h, ["version"]), "version"),
+    ("extra top field", lambda h: _set(h, ["bogus"], 1), "bogus"),
+    ("extra nested field", lambda h: _set(h, ["throughput", "delta"], 0.1), "throughput.delta"),
+    ("extra grad field", lambda h: _set(h, ["grad", "norm"], 0.1), "grad.norm"),
+    ("gamma below 1", lambda h: _set(h, ["throughput", "gamma"], 0.5), "throughput.gamma"),
+    ("gamma above 10", lambda h: _set(h, ["throughput", "gamma"], 10.5), "throughput.gamma"),
+    ("lo > hi", lambda h: _set(h, ["local_bsz_bounds"], [64, 32]), "local_bsz_bounds"),
+    ("max below init", lambda h: _set(h, ["max_batch_size"], 64), "max_batch_size"),
+    ("version 2", lambda h: _set(h, ["version"], 2), "version"),
+    ("version string", lambda h: _set(h, ["version"], "1"), "version"),
+    ("version true", lambda h: _set(h, ["version"], True), "version"),
+    ("accumulation string", lambda h: _set(h, ["accumulation"], "yes"), "accumulation"),
+    ("accumulation int", lambda h: _set(h, ["accumulation"], 1), "accumulation"),
+    ("fractional batch", lambda h: _set(h, ["init_batch_size"], 32.5), "init_batch_size"),
+    ("string batch", lambda h: _set(h, ["max_batch_size"], "4096"), "max_batch_size"),
+    ("fractional epoch", lambda h: _set(h, ["epoch"], 1.5), "epoch"),
+    ("bool as number", lambda h: _set(h, ["throughput", "alpha_grad"], True), "throughput.alpha_grad"),
+    ("null number", lambda h: _set(h, ["grad", "sqr"], None), "grad.sqr"),
+    ("throughput as list", lambda h: _set(h, ["throughput"], [0.1] * 7), "throughput"),
+    ("grad as string", lambda h: _set(h, ["grad"], "8.9"), "grad"),
+    ("bounds too long", lambda h: _set(h, ["local_bsz_bounds"], [1, 2, 3]), "local_bsz_bounds"),
+    ("bounds too short", lambda h: _set(h, ["local_bsz_bounds"], [1]), "local_bsz_bounds"),
+    ("bounds as object", lambda h: _set(h, ["local_bsz_bounds"], {"lo": 1}), "local_bsz_bounds"),
+    ("huge integer", lambda h: _set(h, ["progress"], 10**400), "progress"),
+]
+
+
+@pytest.mark.parametrize(("mutate", "field"), [(m, f) for _, m, f in VIOLATIONS],
+                         ids=[d for d, _, _ in VIOLATIONS])
+def test_violation_is_rejected_naming_the_field(mutate, field):
+    hints = copy.deepcopy(make_hints())
+    mutate(hints)
+    with pytest.raises(HintsError) as info:
+        validate_hints(hints)
+    err = info.value
+    assert err.field == field
+    assert str(err).startswith(f"{field}:")
+    assert err.status_code == 422
+    assert isinstance(err, ValueError)
+    with pytest.raises(HintsError):
+        hints_to_model(hints)
+
+
+def test_non_finite_numbers_from_python_json_are_rejected():
+    text = json.dumps(make_hints()).replace('"progress": 12345.5', '"progress": NaN')
+    parsed = json.loads(text)                  # Python's json accepts NaN ...
+    assert math.isnan(parsed["progress"])
+    with pytest.raises(HintsError, match="progress: must be a finite number") as info:
+        validate_hints(parsed)                  # ... the contract does not
+    assert info.value.field == "progress"
+    text = json.dumps(make_hints()).replace('"gamma": 2.23', '"gamma": Infinity')
+    with pytest.raises(HintsError) as info:
+        validate_hints(json.loads(text))
+    assert info.value.field == "throughput.gamma"
+
+
+@pytest.mark.parametrize("body", [None, [], "hints", 3])
+def test_non_object_body_is_rejected(body):
+    with pytest.raises(HintsError) as info:
+        validate_hints(body)
+    assert info.value.field == ""
+    assert str(info.value).startswith("hints:")
+
+
+def test_non_string_key_is_rejected():
+    hints = make_hints()
+    hints["throughput"][1] = 0.5
+    with pytest.raises(HintsError) as info:
+        validate_hints(hints)
+    assert info.value.field == "throughput"
+
+
+def test_build_hints_rejects_bad_parameters():
+    with pytest.raises(HintsError) as info:
+        make_hints(local_bsz_bounds=(64, 32))
+    assert info.value.field == "local_bsz_bounds"
+    with pytest.raises(HintsError) as info:
+        make_hints(params={**PARAMS.to_dict(), "gamma": float("nan")})
+    assert info.value.field == "throughput.gamma"
+    with pytest.raises(HintsError) as info:
+        make_hints(epoch=-1)
+    assert info.value.field == "epoch"
+
+
+def test_hints_to_model_gives_the_policy_what_it_needs():
+    hints = make_hints()
+    model, limits, max_seen = hints_to_model(json.loads(json.dumps(hints)))
+    assert isinstance(model, GoodputModel) and isinstance(limits, BatchLimits)
+    assert model.throughput_params == PARAMS
+    assert model.grad_stats == GRAD
+    assert model.init_batch_size == 128
+    assert limits == BatchLimits(128, 4096, 32, 1024, True)
+    assert max_seen == 4
+    plan = model.optimize(np.array([1, 2]), np.array([4, 8]), limits)
+    assert np.all(plan.goodput > 0)
+
+
+def test_hints_path_quotes_the_job_id():
+    assert hints_path("job-1") == "/v1/jobs/job-1/hints"
+    assert hints_path("a/b c") == "/v1/jobs/a%2Fb%20c/hints"
+
+
+def test_hints_module_does_not_import_torch():
+    code = "import sys, pollux.hints; sys.exit('torch' in sys.modules)"
+    assert subprocess.run([sys.executable, "-c", code], timeout=60).returncode == 0
