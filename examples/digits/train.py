@@ -1,0 +1,192 @@
+#!/usr/bin/env python3
+"""Train a small CNN on scikit-learn's digits with the Pollux agent (adaptive batch size).
+
+Runs alone, under torchrun, or under the Pollux scheduler (which sets the POLLUX_* variables)::
+
+    .venv/bin/python examples/digits/train.py
+    .venv/bin/torchrun --nproc_per_node=2 examples/digits/train.py
+    POLLUX_CHECKPOINT_DIR=/tmp/digits-ckpt .venv/bin/python examples/digits/train.py
+
+The data are the 1797 8×8 images bundled with scikit-learn (no download), split once into a fixed
+training set (75 %) and test set (25 %). The batch size starts at ``--batch-size`` (M0) and Pollux
+grows it up to ``--max-batch-size`` as the gradient noise grows; every change is logged on the
+``pollux.torch`` logger (stderr) with its predicted goodput gain. Rank 0 ends by printing one JSON
+line on stdout: test accuracy, the distinct global batch sizes used in order, epochs, progress,
+replicas, and more.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import math
+import os
+import sys
+import time
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+import torch.nn.functional as F
+from sklearn.datasets import load_digits
+from sklearn.model_selection import train_test_split
+from torch.utils.data import TensorDataset
+
+import pollux.torch as ptorch
+
+#: The train/test split is fixed (independent of --seed) so that every run is scored on the same images.
+SPLIT_SEED = 0
+TEST_FRACTION = 0.25
+#: The agent's refit interval (seconds), read by init_process_group.
+REFIT_ENV = "POLLUX_REFIT_INTERVAL_S"
+
+log = logging.getLogger("digits")
+
+
+class DigitsCNN(nn.Module):
+    """Two 3×3 convolutions, one 2×2 max-pool, two linear layers (≈ 38 k parameters)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv1 = nn.Conv2d(1, 16, 3, padding=1)
+        self.conv2 = nn.Conv2d(16, 32, 3, padding=1)
+        self.fc1 = nn.Linear(32 * 4 * 4, 64)
+        self.fc2 = nn.Linear(64, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = F.relu(self.conv1(x))
+        x = F.max_pool2d(F.relu(self.conv2(x)), 2)
+        return self.fc2(F.relu(self.fc1(torch.flatten(x, 1))))
+
+
+def load_data() -> tuple[TensorDataset, torch.Tensor, torch.Tensor]:
+    digits = load_digits()
+    images = (digits.images / 16.0).astype(np.float32)[:, None, :, :]    # N×1×8×8 in [0, 1]
+    x_train, x_test, y_train, y_test = train_test_split(
+        images, digits.target, test_size=TEST_FRACTION, random_state=SPLIT_SEED, stratify=digits.target)
+    mean, std = float(x_train.mean()), float(x_train.std())
+    def norm(a: np.ndarray) -> torch.Tensor:
+        return torch.from_numpy((a - mean) / std)
+
+    train = TensorDataset(norm(x_train), torch.from_numpy(y_train).long())
+    return train, norm(x_test), torch.from_numpy(y_test).long()
+
+
+class History:
+    """What this script reports about the whole run; checkpointed with the job, so it survives restarts."""
+
+    def __init__(self) -> None:
+        self.batch_sizes: list[int] = []      # distinct global batch sizes, in the order used
+        self.seconds = 0.0                    # training time of earlier runs of this job
+        self.runs = 1
+
+    def note_batch_size(self, size: int) -> None:
+        if not self.batch_sizes or self.batch_sizes[-1] != size:
+            self.batch_sizes.append(int(size))
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"batch_sizes": list(self.batch_sizes), "seconds": self.seconds, "runs": self.runs}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.batch_sizes = [int(b) for b in state["batch_sizes"]]
+        self.seconds = float(state["seconds"])
+        self.runs = int(state["runs"]) + 1
+
+
+def finite_or_none(x: float) -> float | None:
+    return float(x) if math.isfinite(x) else None
+
+
+@torch.no_grad()
+def accuracy(module: nn.Module, x: torch.Tensor, y: torch.Tensor) -> float:
+    module.eval()
+    pred = module(x).argmax(dim=1)
+    module.train()
+    return float((pred == y).float().mean())
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--epochs", type=int, default=30, help="epochs of training progress (default 30)")
+    p.add_argument("--seed", type=int, default=0, help="model initialisation and data order")
+    p.add_argument("--batch-size", type=int, default=16, help="initial global batch size M0 (default 16)")
+    p.add_argument("--max-batch-size", type=int, default=512, help="largest global batch (default 512)")
+    p.add_argument("--local-bsz-bounds", type=int, nargs=2, default=(8, 256), metavar=("LO", "HI"),
+                   help="bounds of the per-replica batch (default 8 256)")
+    p.add_argument("--lr", type=float, default=0.02, help="SGD learning rate at M0 (default 0.02)")
+    p.add_argument("--refit-interval", type=float, default=None,
+                   help="seconds between throughput refits and batch-size decisions (default: "
+                        "$POLLUX_REFIT_INTERVAL_S if set, else 5; the agent's own default, 30 s, suits jobs "
+                        "of hours, not this example of seconds)")
+    p.add_argument("--threads", type=int, default=1, help="torch.set_num_threads (default 1)")
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr,
+                        format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    torch.set_num_threads(args.threads)
+    start = time.perf_counter()
+
+    if args.refit_interval is not None:
+        os.environ[REFIT_ENV] = str(args.refit_interval)
+    else:
+        os.environ.setdefault(REFIT_ENV, "5")
+    ptorch.init_process_group("gloo")     # alone, under torchrun, or as the scheduler's replicas
+    rank, replicas = dist.get_rank(), dist.get_world_size()
+    torch.manual_seed(args.seed)          # the same initial weights on every replica
+    train_set, x_test, y_test = load_data()
+
+    net = DigitsCNN()
+    optimizer = torch.optim.SGD(net.parameters(), lr=args.lr, momentum=0.9)
+    model = ptorch.AdaptiveDataParallel(net, optimizer)     # restores model and optimiser if resuming
+    loader = ptorch.AdaptiveDataLoader(train_set, batch_size=args.batch_size, shuffle=True, seed=args.seed)
+    loader.autoscale_batch_size(args.max_batch_size, local_bsz_bounds=tuple(args.local_bsz_bounds))
+    history = History()
+    if ptorch.register_state("digits_history", history) and rank == 0:
+        log.info("resumed at epoch %d (run %d of this job), batch sizes so far %s",
+                 ptorch.current_epoch(), history.runs, history.batch_sizes)
+    earlier = history.seconds
+
+    acc = float("nan")
+    for epoch in ptorch.remaining_epochs_until(args.epochs):
+        total_loss, seen = 0.0, 0
+        for x, y in loader:
+            history.note_batch_size(loader.current_batch_size)
+            optimizer.zero_grad()
+            loss = F.cross_entropy(model(x), y)
+            loss.backward()
+            optimizer.step()
+            total_loss += float(loss.detach()) * len(y)
+            seen += len(y)
+        history.seconds = earlier + time.perf_counter() - start
+        acc = accuracy(model.module, x_test, y_test)
+        if rank == 0:
+            log.info("epoch %d: loss %.4f, test accuracy %.4f, batch size %d, progress %.1f, gain %.2f, "
+                     "%.1f s", epoch, total_loss / max(seen, 1), acc, loader.current_batch_size,
+                     model.progress, model.gain, history.seconds)
+    if math.isnan(acc):                   # nothing left to train (resumed after the last epoch)
+        acc = accuracy(model.module, x_test, y_test)
+
+    if rank == 0:
+        print(json.dumps({
+            "test_accuracy": acc,
+            "batch_sizes": history.batch_sizes,
+            "epochs": ptorch.current_epoch(),
+            "progress": model.progress,
+            "replicas": replicas,
+            "steps": model.steps,
+            "final_batch_size": loader.current_batch_size,
+            "pgns": finite_or_none(model.pgns),
+            "runs": history.runs,
+            "seconds": time.perf_counter() - start + earlier,
+        }), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,370 @@
+"""The agent's per-process context: what the model wrapper, the loader and the epoch loop share.
+
+One :class:`AgentContext` exists per training process (created by :func:`init_process_group`, or on
+first use). It holds the parsed environment, the checkpoint registry, the profiler and periodic
+fitter, the hint reporter, the epoch counter, the SIGTERM flag and the *current step*: the loader
+announces each optimiser step (its batch configuration and micro-steps) here, and the
+:class:`~pollux.torch.parallel.AdaptiveDataParallel` wrapper reads it to know whether a backward pass
+is an accumulation step or the synchronised one, how to average, and what scale the step runs at.
+
+Replicas agree on every decision that changes control flow (checkpoint-and-exit on SIGTERM, a refit,
+an out-of-memory skip) through flags carried in one small all-reduce per step that the gradient hook
+launches; the decisions themselves (batch configuration) are made by rank 0 and broadcast.
+"""
+
+from __future__ import annotations
+
+import atexit
+import datetime
+import gc
+import logging
+import os
+import signal
+import sys
+import threading
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from pollux.goodput import ThroughputParams
+from pollux.torch.checkpoint import CheckpointStore, StateRegistry
+from pollux.torch.env import AgentEnv, read_env
+from pollux.torch.profiling import PeriodicFitter, StepProfiler
+from pollux.torch.reporting import HintReporter
+
+logger = logging.getLogger("pollux.torch")
+
+#: Exit status after a checkpoint requested by SIGTERM: "preempted, resume me" (SPEC §8).
+PREEMPT_EXIT_CODE = 143
+#: Seconds between refits of the throughput model (and hint reports), SPEC §3.
+REFIT_INTERVAL_S = 30.0
+#: Fault injection for tests: forward passes with a local batch above this raise a synthetic OOM.
+ENV_FAULT_OOM_ABOVE = "POLLUX_FAULT_OOM_ABOVE"
+#: Overrides the refit interval (seconds), for tests and experiments.
+ENV_REFIT_INTERVAL = "POLLUX_REFIT_INTERVAL_S"
+
+
+@dataclass(slots=True)
+class StepInfo:
+    """One optimiser step in progress (announced by the loader, or implicit without one).
+
+    ``scale`` is the trained batch over M0, ``nominal_scale`` the configured batch over M0 (they
+    differ only for the tail step of a pass), ``fraction`` the share of a full step's progress the step
+    is worth. ``micro`` is the index of the micro-step whose batch the user holds.
+    """
+
+    sid: int
+    replicas: int
+    micro_steps: int
+    local_bsz: int
+    scale: float = 1.0
+    nominal_scale: float = 1.0
+    fraction: float = 1.0
+    full: bool = True
+    managed: bool = True
+    micro: int = 0
+    nonfinal_step_called: bool = False
+    stepped: bool = False
+    skipped: bool = False
+    scaler_scale: float = 1.0
+    finished: bool = False
+
+    @property
+    def final(self) -> bool:
+        return self.micro >= self.micro_steps - 1
+
+    @property
+    def accumulating(self) -> bool:
+        return self.managed and not self.final
+
+
+@dataclass(slots=True)
+class SyncOutcome:
+    """What the replicas agreed on at the end of a step (from the flags all-reduce)."""
+
+    reduced: bool = False
+    sigterm: bool = False
+    refit: bool = False
+    oom: bool = False
+    nonfinite: bool = False
+
+
+class EpochState:
+    """The epoch counter (checkpointed). ``driver_active`` while ``remaining_epochs_until`` runs."""
+
+    def __init__(self) -> None:
+        self.epoch = 0
+        self.driver_active = False
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"epoch": int(self.epoch)}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.epoch = int(state["epoch"])
+
+
+class _ProfileState:
+    """Checkpointed profile: step-time records, the last fit, the most replicas seen."""
+
+    def __init__(self, ctx: AgentContext) -> None:
+        self.ctx = ctx
+
+    def state_dict(self) -> dict[str, Any]:
+        fit = self.ctx.fit_params
+        return {"profiler": self.ctx.profiler.state_dict(),
+                "fit": None if fit is None else fit.to_dict()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.ctx.profiler.load_state_dict(state["profiler"])
+        fit = state.get("fit")
+        self.ctx.fit_params = None if fit is None else ThroughputParams.from_dict(fit)
+
+
+class AgentContext:
+    """Shared state of the agent in this process (see the module docstring)."""
+
+    def __init__(self, env: AgentEnv, *, owns_process_group: bool = False) -> None:
+        self.env = env
+        self.owns_process_group = owns_process_group
+        store = CheckpointStore(env.checkpoint_dir) if env.checkpointing else None
+        self.registry = StateRegistry(store, clean=env.rank == 0)
+        self.profiler = StepProfiler()
+        interval = os.environ.get(ENV_REFIT_INTERVAL, "").strip()
+        self.fitter = PeriodicFitter(float(interval) if interval else REFIT_INTERVAL_S)
+        self.fit_params: ThroughputParams | None = None
+        self.reporter = HintReporter(env.scheduler_url, env.job_id, env.job_token)
+        self.epoch_state = EpochState()
+        self.registry.register("pollux_epoch", self.epoch_state)
+        self.registry.register("pollux_profile", _ProfileState(self))
+        self.adp: Any = None
+        self.loaders: list[Any] = []
+        self.active_loader: Any = None
+        self.step: StepInfo | None = None
+        self._next_sid = 0
+        self.sigterm_requested = False
+        self._prev_sigterm_handler: Any = None
+        self._handler_installed = False
+        self.oom_in_step = False
+        self.injected_ooms = 0
+        above = os.environ.get(ENV_FAULT_OOM_ABOVE, "").strip()
+        self.fault_oom_above: int | None = int(above) if above else None
+        if env.checkpointing:
+            self._install_sigterm_handler()
+
+    # ---------------------------------------------------------------- identity
+
+    @property
+    def rank(self) -> int:
+        return dist.get_rank() if dist.is_initialized() else self.env.rank
+
+    @property
+    def replicas(self) -> int:
+        return dist.get_world_size() if dist.is_initialized() else self.env.num_replicas
+
+    @property
+    def nodes(self) -> int:
+        return max(min(self.env.num_nodes, self.replicas), 1)
+
+    def collective_device(self) -> torch.device:
+        if dist.is_initialized() and dist.get_backend() == "nccl":
+            return torch.device("cuda", torch.cuda.current_device())
+        return torch.device("cpu")
+
+    # ---------------------------------------------------------------- signals
+
+    def _install_sigterm_handler(self) -> None:
+        if threading.current_thread() is not threading.main_thread():
+            logger.warning("not in the main thread: SIGTERM will not trigger a checkpoint")
+            return
+
+        def handler(signum: int, frame: Any) -> None:
+            self.sigterm_requested = True
+
+        self._prev_sigterm_handler = signal.signal(signal.SIGTERM, handler)
+        self._handler_installed = True
+
+    def close(self) -> None:
+        """Undo what the context installed (signal handler); flush the reporter briefly."""
+        if self._handler_installed:
+            try:
+                signal.signal(signal.SIGTERM, self._prev_sigterm_handler or signal.SIG_DFL)
+            except (ValueError, TypeError):  # pragma: no cover - not the main thread
+                pass
+            self._handler_installed = False
+        self.reporter.close(flush=True, timeout=2.0)
+
+    # ---------------------------------------------------------------- steps
+
+    def new_sid(self) -> int:
+        sid = self._next_sid
+        self._next_sid += 1
+        return sid
+
+    def begin_step(self, info: StepInfo) -> None:
+        """Announce a step (loader or implicit); the model wrapper prepares its measurement."""
+        self.step = info
+        self.oom_in_step = False
+        if self.adp is not None:
+            self.adp._begin_step(info)
+
+    def outgoing_flags(self) -> list[float]:
+        """Flags this replica contributes to the step's all-reduce: [sigterm, refit due, oom]."""
+        refit = 0.0
+        if (self.rank == 0 and self.active_loader is not None and len(self.profiler) > 0
+                and self.fitter.due()):
+            refit = 1.0
+        return [1.0 if self.sigterm_requested else 0.0, refit, 1.0 if self.oom_in_step else 0.0]
+
+    def finish_step(self) -> SyncOutcome:
+        """Close the current step: agree on the flags; skip the update if any replica ran out of memory."""
+        info = self.step
+        if info is None or self.adp is None:
+            return SyncOutcome()
+        outcome = self.adp._finish_sync(info)
+        if outcome.oom and not info.skipped:
+            info.skipped = True
+            self.adp._discard_gradients()
+        info.finished = True
+        return outcome
+
+    # ---------------------------------------------------------------- collectives
+
+    def agree(self, flag: bool) -> bool:
+        """True on every replica if ``flag`` is True on any (one tiny all-reduce)."""
+        if not dist.is_initialized() or dist.get_world_size() == 1:
+            return bool(flag)
+        t = torch.tensor([1.0 if flag else 0.0], dtype=torch.float64, device=self.collective_device())
+        dist.all_reduce(t)
+        return bool(t.item() > 0)
+
+    def broadcast_ints(self, values: list[int]) -> list[int]:
+        """Rank 0's ``values`` on every replica."""
+        if not dist.is_initialized() or dist.get_world_size() == 1:
+            return [int(v) for v in values]
+        t = torch.tensor([int(v) for v in values], dtype=torch.int64, device=self.collective_device())
+        dist.broadcast(t, src=0)
+        return [int(v) for v in t.tolist()]
+
+    # ---------------------------------------------------------------- checkpoints
+
+    def save_checkpoint(self, reason: str) -> None:
+        """Rank 0 saves every registered state (no-op without a checkpoint directory)."""
+        if not self.registry.enabled or self.rank != 0:
+            return
+        self.registry.save({"reason": reason, "epoch": self.epoch_state.epoch,
+                            "replicas": self.replicas, "restarts": self.env.restarts})
+
+    def preempt(self) -> None:
+        """SIGTERM agreed by the replicas: rank 0 checkpoints, all wait, then exit with 143."""
+        logger.warning("preemption requested (SIGTERM): saving a checkpoint and exiting with %d",
+                       PREEMPT_EXIT_CODE)
+        self.save_checkpoint("preempt")
+        if dist.is_initialized():
+            dist.barrier()
+        for handler in logging.getLogger().handlers + logger.handlers:
+            try:
+                handler.flush()
+            except Exception:  # pragma: no cover
+                pass
+        self.shutdown()
+        sys.exit(PREEMPT_EXIT_CODE)
+
+    def shutdown(self) -> None:
+        """Close the context and tear the process group down now, while the interpreter is alive.
+
+        A gloo process group that is only destroyed during interpreter finalisation (when the last
+        reference, held by DDP, goes away) can abort the process; so the group is destroyed and the
+        model wrapper drops its references to it. The wrapper is unusable afterwards.
+        """
+        self.close()
+        if dist.is_initialized():
+            dist.destroy_process_group()
+        if self.adp is not None:
+            self.adp._release_process_group()
+        gc.collect()
+
+    def end_epoch(self) -> None:
+        """After an epoch: checkpoint (rank 0), then honour a SIGTERM any replica received."""
+        preempt = self.agree(self.sigterm_requested) if self.registry.enabled else False
+        self.save_checkpoint("epoch")
+        if preempt:
+            self.preempt()
+
+    def check_preempt(self) -> None:
+        """At a boundary outside steps (an epoch start): exit if any replica got SIGTERM."""
+        if self.registry.enabled and self.agree(self.sigterm_requested):
+            self.preempt()
+
+
+_CONTEXT: AgentContext | None = None
+_ATEXIT_REGISTERED = False
+
+
+def get_context() -> AgentContext:
+    """The process's context, initialising the process group from the environment if needed."""
+    if _CONTEXT is None:
+        init_process_group()
+    assert _CONTEXT is not None
+    return _CONTEXT
+
+
+def has_context() -> bool:
+    return _CONTEXT is not None
+
+
+def init_process_group(backend: str | None = None, *, timeout: datetime.timedelta | None = None) -> AgentEnv:
+    """Join the job's process group as the environment describes it (SPEC §8).
+
+    ``backend`` is ``"gloo"`` or ``"nccl"`` (default: nccl when CUDA is available, else gloo). With
+    several replicas the rendezvous is ``tcp://MASTER_ADDR:MASTER_PORT`` (POLLUX_* first). A single
+    process gets a world of one over an in-memory store (no port). An already initialised default
+    process group is used as it is. Returns the parsed environment; calling it again is a no-op.
+    """
+    global _CONTEXT, _ATEXIT_REGISTERED
+    if _CONTEXT is not None:
+        return _CONTEXT.env
+    env = read_env()
+    owns = False
+    if not dist.is_initialized():
+        if backend is None:
+            backend = "nccl" if torch.cuda.is_available() else "gloo"
+        if backend == "nccl" and torch.cuda.is_available():
+            torch.cuda.set_device(env.local_rank % max(torch.cuda.device_count(), 1))
+        kwargs: dict[str, Any] = {} if timeout is None else {"timeout": timeout}
+        if env.distributed:
+            dist.init_process_group(backend, init_method=env.init_method, rank=env.rank,
+                                    world_size=env.num_replicas, **kwargs)
+        else:
+            dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1, **kwargs)
+        owns = True
+    elif dist.get_world_size() != env.num_replicas and env.source != "single":
+        logger.warning("the existing process group has %d processes, the environment says %d",
+                       dist.get_world_size(), env.num_replicas)
+    _CONTEXT = AgentContext(env, owns_process_group=owns)
+    if owns and not _ATEXIT_REGISTERED:
+        atexit.register(_destroy_at_exit)
+        _ATEXIT_REGISTERED = True
+    logger.info("pollux agent: rank %d of %d on %d node(s) (%s), checkpoints %s", _CONTEXT.rank,
+                _CONTEXT.replicas, _CONTEXT.nodes, env.source, env.checkpoint_dir or "off")
+    return env
+
+
+def _destroy_at_exit() -> None:
+    """Tear the process group down before the interpreter does (gloo may abort otherwise)."""
+    ctx = _CONTEXT
+    if ctx is not None and ctx.owns_process_group:
+        ctx.shutdown()
+
+
+def reset_context() -> None:
+    """Forget the context (tests): restore the SIGTERM handler, destroy a group it created."""
+    global _CONTEXT
+    ctx, _CONTEXT = _CONTEXT, None
+    if ctx is None:
+        return
+    if ctx.owns_process_group:
+        ctx.shutdown()
+    else:
+        ctx.close()

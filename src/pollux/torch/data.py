@@ -1,0 +1,428 @@
+"""``AdaptiveDataLoader``: elastic, deterministic batches whose size follows the goodput model (SPEC §4, §8).
+
+Each iteration of the loader is one epoch of training *progress*: it yields micro-batches until the
+model's progress reaches ``(epoch+1)·N/M0`` scale-invariant iterations (N = dataset length), so with
+S = 1 an epoch is exactly one pass. Every optimiser step is announced to the shared context; for the
+non-final micro-steps of gradient accumulation the loader holds the model's ``no_sync`` context while
+the user runs forward and backward, and the optimiser's ``step``/``zero_grad`` do nothing until the
+final micro-step. Between steps it records step times, applies what the replicas agreed on (refit,
+out-of-memory recovery, SIGTERM) and moves the global sample index.
+
+Batch configuration: rank 0 chooses the local batch m and accumulation steps s — from the fitted
+goodput model once a throughput fit exists (re-optimised at every refit, about every 30 s, switching
+only for a predicted gain above 5 %), else the smallest configuration that reaches M0 — and
+broadcasts it. Every change is logged on the ``pollux.torch`` logger with the predicted gain.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+from torch.utils.data import DataLoader, Dataset, IterableDataset
+
+from pollux.goodput import BatchLimits, GoodputModel, optimize, should_switch
+from pollux.hints import build_hints
+from pollux.torch.context import AgentContext, StepInfo, get_context
+from pollux.torch.sampler import ElasticSampler
+
+logger = logging.getLogger("pollux.torch")
+
+#: After an out-of-memory error the upper local batch bound becomes ``floor(m × OOM_BACKOFF)``.
+OOM_BACKOFF = 0.75
+_REJECTED_KWARGS = ("sampler", "batch_sampler", "drop_last", "batch_size")
+
+
+class _PlanBatchSampler:
+    """Feeds the DataLoader this replica's micro-batch indices from a segment of step plans."""
+
+    def __init__(self, sampler: ElasticSampler) -> None:
+        self.sampler = sampler
+        self.segment: tuple[int, int, int, int, int] = (0, 1, 0, 1, 0)
+
+    def __iter__(self) -> Iterator[list[int]]:
+        start, k, rank, m, s = self.segment
+        for plan in self.sampler.iter_plans(start, k, rank, m, s):
+            for micro in plan.micro_batches:
+                yield list(micro)
+
+
+class _LoaderState:
+    def __init__(self, loader: AdaptiveDataLoader) -> None:
+        self.loader = loader
+
+    def state_dict(self) -> dict[str, Any]:
+        ld = self.loader
+        return {"sampler": ld.sampler.state_dict(),
+                "config": None if ld._config is None else list(ld._config),
+                "limits_key": None if ld._config_key is None else list(ld._config_key),
+                "oom_max_local": ld._oom_max_local}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        ld = self.loader
+        ld.sampler.load_state_dict(state["sampler"])
+        ld._config = None if state["config"] is None else tuple(int(v) for v in state["config"])
+        key = state.get("limits_key")
+        ld._config_key = None if key is None else tuple(key)
+        ld._oom_max_local = state.get("oom_max_local")
+
+
+class AdaptiveDataLoader:
+    """A data loader whose global batch starts at ``batch_size`` (M0) and adapts with the job.
+
+    ``dataset`` must be map-style (``__getitem__`` and ``__len__``). ``shuffle`` and ``seed`` define
+    the per-pass permutations (seeded by ``(seed, pass)``). Other keyword arguments go to
+    ``torch.utils.data.DataLoader`` (``num_workers``, ``collate_fn``, ``pin_memory``, ...); batching
+    and sampling are the loader's own. The batch stays at M0 (split over the replicas) unless
+    :meth:`autoscale_batch_size` is called.
+    """
+
+    def __init__(self, dataset: Dataset, batch_size: int, shuffle: bool = True, seed: int = 0,
+                 **kwargs: Any) -> None:
+        if isinstance(dataset, IterableDataset):
+            raise TypeError("AdaptiveDataLoader needs a map-style dataset (with __getitem__ and __len__) "
+                            "so that samples can be addressed by index and training can resume after a "
+                            "restart; wrap the IterableDataset in a map-style Dataset (e.g. materialise "
+                            "or index its records) or use a plain DataLoader")
+        try:
+            length = len(dataset)  # type: ignore[arg-type]
+        except TypeError:
+            raise TypeError("AdaptiveDataLoader needs a map-style dataset with __len__") from None
+        if isinstance(batch_size, bool) or int(batch_size) != batch_size or batch_size < 1:
+            raise ValueError(f"batch_size: expected a positive integer, got {batch_size!r}")
+        bad = [k for k in _REJECTED_KWARGS if k in kwargs]
+        if bad:
+            raise TypeError(f"AdaptiveDataLoader chooses batches itself; remove {', '.join(bad)}")
+        self.dataset = dataset
+        self.init_batch_size = int(batch_size)
+        self.sampler = ElasticSampler(length, shuffle=shuffle, seed=seed)
+        self._batch_sampler = _PlanBatchSampler(self.sampler)
+        self._dataloader = DataLoader(dataset, batch_sampler=self._batch_sampler, **kwargs)
+        self._max_batch_size: int | None = None
+        self._min_local = 1
+        self._user_max_local: int | None = None
+        self._oom_max_local: int | None = None
+        self._accumulation = False
+        self._config: tuple[int, int, int] | None = None      # (replicas, m, s)
+        self._config_key: tuple[Any, ...] | None = None
+        self._it: Any = None
+        self._it_next = -1
+        self._it_cfg: tuple[int, int, int] | None = None
+        self._warned_forced_accum = False
+        ctx = get_context()
+        self._ctx = ctx
+        self._index = len(ctx.loaders)
+        ctx.loaders.append(self)
+        ctx.registry.register(f"pollux_loader{self._index}", _LoaderState(self))
+
+    # ---------------------------------------------------------------- configuration
+
+    def autoscale_batch_size(self, max_batch_size: int, local_bsz_bounds: tuple[int | None, int | None]
+                             | None = None, gradient_accumulation: bool = False) -> None:
+        """Let Pollux choose the batch size between M0 and ``max_batch_size``.
+
+        ``local_bsz_bounds = (lo, hi)`` bounds the per-replica batch (either may be None); without
+        an upper bound on a CUDA device, an out-of-memory error in the forward pass lowers it
+        automatically. ``gradient_accumulation`` allows accumulation steps when the local batch
+        would exceed the upper bound.
+        """
+        if isinstance(max_batch_size, bool) or int(max_batch_size) != max_batch_size:
+            raise ValueError(f"max_batch_size: expected an integer, got {max_batch_size!r}")
+        if max_batch_size < self.init_batch_size:
+            raise ValueError(f"max_batch_size: {max_batch_size} is below the initial batch size "
+                             f"{self.init_batch_size}")
+        lo, hi = (None, None) if local_bsz_bounds is None else tuple(local_bsz_bounds)
+        if lo is not None and (int(lo) != lo or lo < 1):
+            raise ValueError(f"local_bsz_bounds: lower bound must be a positive integer, got {lo!r}")
+        if hi is not None and (int(hi) != hi or hi < 1):
+            raise ValueError(f"local_bsz_bounds: upper bound must be a positive integer, got {hi!r}")
+        if lo is not None and hi is not None and lo > hi:
+            raise ValueError(f"local_bsz_bounds: lower bound {lo} exceeds upper bound {hi}")
+        self._max_batch_size = int(max_batch_size)
+        self._min_local = int(lo) if lo is not None else 1
+        self._user_max_local = int(hi) if hi is not None else None
+        self._accumulation = bool(gradient_accumulation)
+
+    @property
+    def adaptive(self) -> bool:
+        return self._max_batch_size is not None and self._max_batch_size > self.init_batch_size
+
+    @property
+    def max_batch_size(self) -> int:
+        return self._max_batch_size if self._max_batch_size is not None else self.init_batch_size
+
+    @property
+    def max_local_bsz(self) -> int | None:
+        """Upper local batch bound in force: the user's, lowered by out-of-memory errors."""
+        bounds = [b for b in (self._user_max_local, self._oom_max_local) if b is not None]
+        return min(bounds) if bounds else None
+
+    @property
+    def min_local_bsz(self) -> int:
+        hi = self.max_local_bsz
+        return self._min_local if hi is None else min(self._min_local, hi)
+
+    def limits(self) -> BatchLimits:
+        """The batch limits handed to the goodput optimiser."""
+        return BatchLimits(init_batch_size=self.init_batch_size, max_batch_size=self.max_batch_size,
+                           min_local_bsz=self.min_local_bsz, max_local_bsz=self.max_local_bsz,
+                           accumulation=self._accumulation)
+
+    def _limits_key(self) -> tuple[Any, ...]:
+        return (self.max_batch_size, self.min_local_bsz, self.max_local_bsz, self._accumulation)
+
+    def _current(self) -> tuple[int, int, int]:
+        k = self._ctx.replicas
+        if self._config is not None and self._config[0] == k:
+            return self._config
+        m, s = self._default_config(k)
+        return (k, m, s)
+
+    @property
+    def local_bsz(self) -> int:
+        """Per-replica micro-batch size m."""
+        return self._current()[1]
+
+    @property
+    def accumulation_steps(self) -> int:
+        """Gradient-accumulation steps s (micro-steps per optimiser step minus one)."""
+        return self._current()[2]
+
+    @property
+    def current_batch_size(self) -> int:
+        """Total batch M = K·m·(s+1) of the current configuration."""
+        k, m, s = self._current()
+        return k * m * (s + 1)
+
+    batch_size = current_batch_size
+
+    def __len__(self) -> int:
+        """Approximate optimiser steps per pass at the current batch size."""
+        return max(math.ceil(self.sampler.dataset_len / self.current_batch_size), 1)
+
+    # ---------------------------------------------------------------- decisions (rank 0)
+
+    def _default_config(self, k: int) -> tuple[int, int]:
+        """The smallest configuration reaching M0 within the local bounds."""
+        m0 = self.init_batch_size
+        m, s = -(-m0 // k), 0
+        hi = self.max_local_bsz
+        if hi is not None and m > hi:
+            if not self._accumulation and not self._warned_forced_accum:
+                logger.warning("the initial batch size %d does not fit %d replicas with local batch "
+                               "<= %d; using gradient accumulation although it was not enabled", m0, k, hi)
+                self._warned_forced_accum = True
+            s = -(-m0 // (k * hi)) - 1
+            m = -(-m0 // (k * (s + 1)))
+        return max(m, self.min_local_bsz), s
+
+    def _model(self, ctx: AgentContext) -> GoodputModel | None:
+        if ctx.fit_params is None or ctx.adp is None or not ctx.adp.stats_ready:
+            return None
+        return GoodputModel(ctx.fit_params, ctx.adp.grad_stats, self.init_batch_size)
+
+    def _decide(self, ctx: AgentContext, reason: str, *, periodic: bool) -> tuple[int, int]:
+        k, nodes = ctx.replicas, ctx.nodes
+        current = self._config if self._config is not None and self._config[0] == k else None
+        model = self._model(ctx) if self.adaptive else None
+        default = self._default_config(k)
+        if model is None:
+            choice = current[1:] if current is not None and periodic else default
+            if current is None or choice != current[1:]:
+                self._log_change(current, (k, *choice), reason, None)
+            return choice
+        plan = optimize(model, nodes, k, self.limits())
+        best = float(plan.goodput)
+        if best <= 0.0:
+            choice = current[1:] if current is not None and periodic else default
+            if current is None or choice != current[1:]:
+                self._log_change(current, (k, *choice), f"{reason}; no valid batch in the goodput model",
+                                 None)
+            return choice
+        new = (int(plan.local_bsz), int(plan.accum_steps))
+        base = current[1:] if current is not None else default
+        base_good = float(model.goodput(nodes, k, base[0], base[1]))
+        if periodic and current is not None and not should_switch(base_good, best):
+            return current[1:]
+        if current is None or new != current[1:]:
+            change = best / base_good - 1.0 if base_good > 0 else math.inf
+            self._log_change(current, (k, *new), reason, change,
+                             efficiency=float(plan.efficiency), throughput=float(plan.throughput))
+        return new
+
+    def _log_change(self, old: tuple[int, int, int] | None, new: tuple[int, int, int], reason: str,
+                    change: float | None, efficiency: float | None = None,
+                    throughput: float | None = None) -> None:
+        if self._ctx.rank != 0:
+            return
+        k, m, s = new
+        text = f"batch size {k * m * (s + 1)} (local {m} x {s + 1} micro-step(s) on {k} replica(s))"
+        if old is not None:
+            text = f"batch size {old[0] * old[1] * (old[2] + 1)} -> " + text.split(" ", 2)[2]
+        if change is not None:
+            text += f": predicted goodput {change:+.1%}"
+            if efficiency is not None and throughput is not None:
+                text += f" (efficiency {efficiency:.3f}, throughput {throughput:.1f} examples/s)"
+        logger.info("%s [%s]", text, reason)
+
+    def _apply(self, ctx: AgentContext, choice: tuple[int, int]) -> None:
+        m, s, oom_hi = ctx.broadcast_ints([choice[0], choice[1], self._oom_max_local or 0])
+        self._oom_max_local = oom_hi or None
+        self._config = (ctx.replicas, m, s)
+        self._config_key = self._limits_key()
+
+    def _ensure_config(self, ctx: AgentContext) -> None:
+        k = ctx.replicas
+        ctx.profiler.note_replicas(k)
+        choice = (0, 0)
+        if ctx.rank == 0:
+            if self._config is not None and self._config[0] == k and self._config_key == self._limits_key():
+                choice = self._config[1:]          # resumed (or re-iterated) with the same replicas
+            else:
+                reason = "start" if self._config is None else (
+                    f"replicas {self._config[0]} -> {k}" if self._config[0] != k else "batch limits changed")
+                choice = self._decide(ctx, reason, periodic=False)
+        self._apply(ctx, choice)          # rank 0's choice on every replica
+
+    def _refit(self, ctx: AgentContext) -> None:
+        choice = (0, 0)
+        if ctx.rank == 0:
+            fit = ctx.profiler.fit(previous=ctx.fit_params)
+            ctx.fitter.mark()
+            if fit is not None and fit.ok:
+                ctx.fit_params = fit.params
+            elif fit is not None:
+                logger.warning("throughput fit failed, keeping the previous model: %s", fit.message)
+            choice = self._decide(ctx, "periodic refit", periodic=True)
+            self._report_hints(ctx)
+        self._apply(ctx, choice)
+
+    def hints(self) -> dict[str, Any] | None:
+        """The hints body this job would report now (None before the first throughput fit)."""
+        ctx = self._ctx
+        if ctx.fit_params is None:
+            return None
+        adp = ctx.adp
+        stats = adp.grad_stats if adp is not None else None
+        hi = self.max_local_bsz
+        return build_hints(
+            ctx.fit_params,
+            stats if stats is not None else {"sqr": 1.0, "var": 1e-6},
+            self.init_batch_size,
+            self.max_batch_size,
+            (self.min_local_bsz, hi if hi is not None else self.max_batch_size),
+            self._accumulation,
+            max(ctx.profiler.max_replicas_seen, ctx.replicas),
+            adp.progress if adp is not None else 0.0,
+            ctx.epoch_state.epoch,
+        )
+
+    def _report_hints(self, ctx: AgentContext) -> None:
+        if not ctx.reporter.enabled:
+            return
+        try:
+            body = self.hints()
+        except Exception as exc:
+            logger.warning("could not build hints: %s", exc)
+            return
+        if body is not None:
+            ctx.reporter.report_async(body)
+
+    def _handle_oom(self, ctx: AgentContext, local_bsz: int) -> None:
+        lowered = math.floor(local_bsz * OOM_BACKOFF)
+        if lowered < 1 or lowered >= local_bsz:
+            raise RuntimeError(f"out of memory at local batch size {local_bsz}: cannot lower it further")
+        self._oom_max_local = lowered if self._oom_max_local is None else min(self._oom_max_local, lowered)
+        if ctx.rank == 0:
+            logger.warning("out of memory at local batch size %d: upper local batch bound lowered to %d",
+                           local_bsz, lowered)
+        choice = self._decide(ctx, "out of memory", periodic=False) if ctx.rank == 0 else (0, 0)
+        self._apply(ctx, choice)
+        self._it = None
+
+    # ---------------------------------------------------------------- iteration
+
+    def _data_iter(self, start: int, cfg: tuple[int, int, int], rank: int) -> Any:
+        if self._it is None or self._it_next != start or self._it_cfg != cfg:
+            k, m, s = cfg
+            self._batch_sampler.segment = (start, k, rank, m, s)
+            self._it = iter(self._dataloader)
+            self._it_cfg = cfg
+        return self._it
+
+    def _sync_device(self) -> None:
+        if torch.cuda.is_available() and torch.cuda.is_initialized():
+            torch.cuda.synchronize()
+
+    def __iter__(self) -> Iterator[Any]:
+        ctx = get_context()
+        adp = ctx.adp
+        if adp is None:
+            raise RuntimeError("create the AdaptiveDataParallel model before iterating an "
+                               "AdaptiveDataLoader")
+        ctx.active_loader = self
+        self._ensure_config(ctx)
+        n, m0 = len(self.dataset), self.init_batch_size
+        epoch = ctx.epoch_state.epoch
+        target = (epoch + 1) * n / m0
+        tol = 1e-9 * max(1.0, target)
+        rank = ctx.rank
+        stepped_any = False
+        consumed = 0
+        while adp.progress < target - tol:
+            if consumed >= n and not stepped_any:
+                logger.warning("a whole pass went by without an optimiser step; ending the epoch "
+                               "(use a plain DataLoader for evaluation)")
+                return
+            cfg = self._config
+            assert cfg is not None
+            k, m, s = cfg
+            plan = self.sampler.plan(self.sampler.position, k, rank, m, s)
+            it = self._data_iter(plan.start, cfg, rank)
+            info = StepInfo(sid=ctx.new_sid(), replicas=k, micro_steps=plan.micro_steps, local_bsz=m,
+                            scale=plan.samples / m0, nominal_scale=plan.batch_size / m0,
+                            fraction=plan.fraction, full=plan.full)
+            ctx.begin_step(info)
+            times: list[float] = []
+            completed = False
+            try:
+                for j in range(plan.micro_steps):
+                    batch = next(it)
+                    info.micro = j
+                    t0 = time.perf_counter()
+                    if j < plan.micro_steps - 1:
+                        with adp.no_sync():
+                            yield batch
+                    else:
+                        yield batch
+                    self._sync_device()
+                    times.append(time.perf_counter() - t0)
+                completed = True
+            finally:
+                if not completed:     # the user left mid-step: the step is redone next time
+                    info.finished = True
+                    self._it = None
+            self._it_next = plan.start + plan.advance
+            outcome = ctx.finish_step()
+            stepped_any = stepped_any or info.stepped
+            consumed += plan.advance
+            if outcome.oom:
+                self._it = None     # redo the step's samples with the new configuration
+            else:
+                self.sampler.position = plan.start + plan.advance
+                if plan.full and info.stepped:
+                    accum = sum(times[:-1]) / (len(times) - 1) if len(times) > 1 else None
+                    ctx.profiler.record(ctx.nodes, k, m, accum, times[-1], accum_steps=s)
+            if outcome.oom:
+                self._handle_oom(ctx, m)
+            if outcome.sigterm and ctx.registry.enabled:
+                ctx.preempt()
+            if outcome.refit:
+                self._refit(ctx)
+        if not ctx.epoch_state.driver_active:
+            ctx.epoch_state.epoch += 1
+            ctx.end_epoch()

@@ -1,0 +1,916 @@
+"""``AdaptiveDataParallel``: DDP that measures the gradient noise and scales the learning rate (SPEC §2, §8).
+
+Statistics come from a DDP communication hook, one Python call per gradient bucket per step:
+
+* before the bucket's all-reduce, the squared norm of the local (pre-conditioned) gradient, per
+  optimiser parameter group (a few dot products over contiguous slices of the bucket buffer);
+* after it, the squared norm of the averaged gradient, likewise;
+* the per-replica local norms, and three control flags (SIGTERM, refit due, out of memory), travel in
+  one small extra all-reduce launched asynchronously from the last bucket's hook.
+
+From these the unbiased estimator gives (sqr, var) with n = K samples. With gradient accumulation
+(s ≥ 1) each micro-batch gradient's norm is taken by a tensor hook as it arrives (n = K·(s+1), so one
+replica with accumulation has real multi-sample estimates). One replica without accumulation uses
+the differenced estimator over consecutive steps (marked biased). The squared norms use the Adam
+pre-conditioner ``1/(sqrt(v̂)+eps)`` once the optimiser has taken 5 steps; it is kept flattened per
+bucket and refreshed after each optimiser step with one ``cat`` and four element-wise ops per run of
+parameters of one group. Estimates are smoothed per parameter group (``GradNoiseState``).
+
+The optimiser's ``step`` and ``zero_grad`` are wrapped: during accumulation micro-steps they do
+nothing (the loader drives ``no_sync``), the final step multiplies each group's learning rate by
+``λ = rule(S, stats)`` for the duration of the update, and progress grows by ``gain(S)``.
+"""
+
+from __future__ import annotations
+
+import gc
+import logging
+import math
+import types
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
+
+from pollux.goodput import (
+    GradNoiseState,
+    GradStats,
+    ScalingRule,
+    combine_groups,
+    estimate_differenced,
+    estimate_from_norms,
+    gain,
+    scaling_rule_for,
+)
+from pollux.torch.context import StepInfo, SyncOutcome, get_context
+
+logger = logging.getLogger("pollux.torch")
+
+#: The Adam pre-conditioner is used once the optimiser has taken this many steps (SPEC §2).
+PRECOND_MIN_STEPS = 5
+#: Batch-size decisions wait for this many steps with gradient statistics (one noisy estimate could
+#: floor sqr at 0, which makes every batch size look perfectly efficient).
+MIN_STATS_UPDATES = 10
+
+
+def is_oom(exc: BaseException) -> bool:
+    """A CUDA out-of-memory error (``torch.OutOfMemoryError`` or a RuntimeError saying so)."""
+    oom_type = getattr(torch, "OutOfMemoryError", None) or getattr(torch.cuda, "OutOfMemoryError", None)
+    if oom_type is not None and isinstance(exc, oom_type):
+        return True
+    return isinstance(exc, RuntimeError) and "out of memory" in str(exc).lower()
+
+
+def synthetic_oom(local_bsz: int) -> BaseException:
+    oom_type = getattr(torch, "OutOfMemoryError", None) or RuntimeError
+    return oom_type(f"CUDA out of memory at local batch size {local_bsz} "
+                    "(synthetic: pollux.torch fault injection)")
+
+
+def _tree_map(fn: Callable[[Any], Any], obj: Any) -> Any:
+    if isinstance(obj, tuple) and hasattr(obj, "_fields"):
+        return type(obj)(*(_tree_map(fn, x) for x in obj))
+    if isinstance(obj, tuple | list):
+        return type(obj)(_tree_map(fn, x) for x in obj)
+    if isinstance(obj, dict):
+        return type(obj)((k, _tree_map(fn, v)) for k, v in obj.items())
+    return fn(obj)
+
+
+def _first_batch_dim(obj: Any) -> int | None:
+    found: list[int] = []
+
+    def visit(x: Any) -> Any:
+        if not found and isinstance(x, torch.Tensor) and x.dim() >= 1:
+            found.append(int(x.shape[0]))
+        return x
+
+    _tree_map(visit, obj)
+    return found[0] if found else None
+
+
+def _delegate(target: Callable[..., Any]) -> Callable[..., Any]:
+    """A function whose first argument (the object it is bound to) is dropped before calling target."""
+    def method(_owner: Any, *args: Any, **kwargs: Any) -> Any:
+        return target(*args, **kwargs)
+
+    method.__doc__ = getattr(target, "__doc__", None)
+    return method
+
+
+def _adam_like(optimizer: torch.optim.Optimizer) -> bool:
+    if isinstance(optimizer, torch.optim.Adam | torch.optim.AdamW):
+        return True
+    name = type(optimizer).__name__.lower()
+    return name.startswith("adam") and all("betas" in g and "eps" in g for g in optimizer.param_groups)
+
+
+class _ModuleState:
+    """The wrapped module's parameters and buffers, as a checkpoint state."""
+
+    def __init__(self, module: torch.nn.Module) -> None:
+        self.module = module
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.module.state_dict()
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.module.load_state_dict(state)
+
+
+class _Layout:
+    """Where each parameter's gradient lies in one DDP bucket, grouped in runs of one param group."""
+
+    __slots__ = ("key", "numel", "pc2", "pc_sources", "pc_version", "prev", "prev_sid", "runs", "spans")
+
+    def __init__(self, key: tuple[int, int], numel: int, spans: list[tuple[torch.Tensor, int, int, int]],
+                 runs: list[tuple[int, int, int, list[torch.Tensor]]]) -> None:
+        self.key = key
+        self.numel = numel
+        self.spans = spans          # (param, offset, numel, group)
+        self.runs = runs            # (start, end, group, params) with group >= 0
+        self.pc2: torch.Tensor | None = None
+        self.pc_version = -1
+        self.pc_sources: list[tuple[list[torch.Tensor], tuple[int, ...]] | None] = [None] * len(runs)
+        self.prev: torch.Tensor | None = None
+        self.prev_sid = -10
+
+
+@dataclass(slots=True)
+class _Pending:
+    """A step's norms waiting for its local norms (reduced with the next step's first bucket)."""
+
+    sid: int
+    mode: str
+    scale: float
+    replicas: int
+    micro_steps: int
+    inv: float
+    total: list[float]
+    prev: list[float] | None
+    mean: list[float] | None
+    diff_valid: bool
+
+
+class _GradTracker:
+    """Per-step gradient measurements and the smoothed statistics per parameter group."""
+
+    def __init__(self, optimizer: torch.optim.Optimizer, device: torch.device,
+                 process_group: Any) -> None:
+        self.optimizer = optimizer
+        self.device = device
+        self.process_group = process_group
+        self.num_groups = len(optimizer.param_groups)
+        self.group_of: dict[int, int] = {}
+        for gi, group in enumerate(optimizer.param_groups):
+            for p in group["params"]:
+                self.group_of[id(p)] = gi
+        self.states = [GradNoiseState() for _ in range(self.num_groups)]
+        self.measured = [False] * self.num_groups
+        self.updates = 0
+        self.adam = _adam_like(optimizer)
+        self.pc_active = False
+        self.pc_version = 0
+        self.pc_groups: list[tuple[float, float, str] | None] = [None] * self.num_groups
+        self.layouts: dict[int, _Layout] = {}
+        self.param_pc2: dict[int, torch.Tensor] = {}
+        self.ctx: Any = None
+        # Per step.
+        self.step: StepInfo | None = None
+        self.mode = "off"
+        self.divisor = 1.0
+        self.local_acc = torch.zeros(self.num_groups, dtype=torch.float64, device=device)
+        self.local_prev = torch.zeros(self.num_groups, dtype=torch.float64, device=device)
+        self.prev_marker = 0.0
+        self.acc_sid = -1
+        self.total_parts: list[tuple[int, torch.Tensor]] = []
+        self.prev_parts: list[tuple[int, torch.Tensor]] = []
+        self.mean_parts: list[tuple[int, torch.Tensor]] = []
+        self.received: tuple[int, torch.Tensor] | None = None        # (sid, reduced packet)
+        self.pending: tuple[int, torch.Tensor, Any] | None = None    # unpacked fallback collective
+        self.awaiting: _Pending | None = None
+        self.diff_ok = True
+        self.step_invalid = False
+        self.last_good_diff: tuple[int, float] | None = None   # (sid, scaler scale)
+        self.outcome: SyncOutcome | None = None
+        self.outcome_sid = -1
+        self.micro_handles: list[Any] = []
+        self.micro_active = False
+
+    # ---------------------------------------------------------------- statistics
+
+    def stats(self) -> GradStats:
+        states = [s for s, seen in zip(self.states, self.measured, strict=True) if seen]
+        return combine_groups(states)
+
+    # ---------------------------------------------------------------- per step
+
+    def begin_step(self, info: StepInfo) -> None:
+        self.step = info
+        if not info.full:
+            mode = "off"
+        elif info.micro_steps >= 2:
+            mode = "micro"
+        elif info.replicas >= 2:
+            mode = "bucket"
+        else:
+            mode = "diff"
+        self.mode = mode
+        self.divisor = float(info.replicas * info.micro_steps)
+        if mode == "micro" and not self.micro_handles:
+            self._register_micro_hooks()
+        self.micro_active = mode == "micro"
+        # The previous step's local norms travel with this step's first bucket.
+        self.local_acc, self.local_prev = self.local_prev, self.local_acc
+        self.prev_marker = 1.0 if self.awaiting is not None and self.awaiting.sid == self.acc_sid else 0.0
+        self.acc_sid = info.sid
+        self.local_acc.zero_()
+        self.total_parts = []
+        self.prev_parts = []
+        self.mean_parts = []
+        self.received = None
+        self.pending = None
+        self.diff_ok = True
+        self.step_invalid = False
+
+    def _register_micro_hooks(self) -> None:
+        for gi, group in enumerate(self.optimizer.param_groups):
+            for p in group["params"]:
+                if p.requires_grad:
+                    self.micro_handles.append(p.register_hook(self._micro_hook(gi, p)))
+
+    def _micro_hook(self, gi: int, param: torch.Tensor) -> Callable[[torch.Tensor], None]:
+        pid = id(param)
+
+        def hook(grad: torch.Tensor) -> None:
+            if not self.micro_active or grad.is_sparse:
+                return
+            with torch.no_grad():
+                g = grad.reshape(-1)
+                if g.dtype not in (torch.float32, torch.float64):
+                    g = g.float()
+                if self.pc_active:
+                    pc = self.param_pc2.get(pid)
+                    if pc is None:
+                        self.step_invalid = True   # layout not known yet: no consistent P this step
+                        value = torch.dot(g, g)
+                    else:
+                        value = torch.dot(g, g * pc.to(g.dtype))
+                else:
+                    value = torch.dot(g, g)
+                self.local_acc[gi] += value
+
+        return hook
+
+    # ---------------------------------------------------------------- bucket layouts
+
+    def layout(self, bucket: Any) -> _Layout:
+        buf = bucket.buffer()
+        key = (buf.data_ptr(), buf.numel())
+        idx = bucket.index()
+        lay = self.layouts.get(idx)
+        if lay is None or lay.key != key:
+            lay = self._build_layout(bucket, buf, key)
+            self.layouts[idx] = lay
+        if self.pc_active and lay.pc_version != self.pc_version:
+            self._refresh_layout_pc(lay)
+        return lay
+
+    def _build_layout(self, bucket: Any, buf: torch.Tensor, key: tuple[int, int]) -> _Layout:
+        base, esize, total = buf.data_ptr(), buf.element_size(), buf.numel()
+        spans = []
+        running = 0
+        for p, g in zip(bucket.parameters(), bucket.gradients(), strict=True):
+            n = g.numel()
+            off = (g.data_ptr() - base) // esize if g.is_contiguous() else -1
+            if not (0 <= off and off + n <= total):
+                off = running
+            running += n
+            spans.append((p, int(off), int(n), self.group_of.get(id(p), -1)))
+        spans.sort(key=lambda s: s[1])
+        runs: list[tuple[int, int, int, list[torch.Tensor]]] = []
+        for p, off, n, gi in spans:
+            if gi < 0:
+                continue
+            if runs and runs[-1][2] == gi and runs[-1][1] == off:
+                start, _, _, params = runs[-1]
+                params.append(p)
+                runs[-1] = (start, off + n, gi, params)
+            else:
+                runs.append((off, off + n, gi, [p]))
+        for _, _, gi, _ in runs:
+            self.measured[gi] = True
+        lay = _Layout(key, total, spans, runs)
+        if self.adam:
+            lay.pc2 = torch.ones(total, dtype=torch.float32, device=buf.device)
+            for p, off, n, gi in spans:
+                if gi >= 0:
+                    self.param_pc2[id(p)] = lay.pc2[off:off + n]
+        return lay
+
+    # ---------------------------------------------------------------- the Adam pre-conditioner
+
+    def after_optimizer_step(self) -> None:
+        """Refresh the pre-conditioner from the optimiser state (Adam family only)."""
+        if not self.adam:
+            return
+        steps = []
+        for gi, group in enumerate(self.optimizer.param_groups):
+            info = None
+            for p in group["params"]:
+                st = self.optimizer.state.get(p)
+                if st and "step" in st:
+                    t = float(st["step"])
+                    beta2 = float(group["betas"][1])
+                    bc2 = 1.0 - beta2 ** t if t > 0 else 1.0
+                    key = "max_exp_avg_sq" if group.get("amsgrad", False) else "exp_avg_sq"
+                    info = (1.0 / bc2, float(group["eps"]), key)
+                    steps.append(t)
+                    break
+            self.pc_groups[gi] = info
+        active = bool(steps) and min(steps) >= PRECOND_MIN_STEPS
+        if not active:
+            self.pc_active = False
+            return
+        self.pc_active = True
+        self.pc_version += 1
+        for lay in self.layouts.values():
+            self._refresh_layout_pc(lay)
+
+    def _refresh_layout_pc(self, lay: _Layout) -> None:
+        if lay.pc2 is None:
+            return
+        state = self.optimizer.state
+        for ri, (start, end, gi, params) in enumerate(lay.runs):
+            info = self.pc_groups[gi]
+            seg = lay.pc2[start:end]
+            if info is None:
+                seg.fill_(1.0)
+                continue
+            inv_bc2, eps, key = info
+            cached = lay.pc_sources[ri]
+            first = state.get(params[0], {}).get(key)
+            last = state.get(params[-1], {}).get(key)
+            if cached is None or cached[1] != (id(first), id(last)):
+                views = []
+                complete = True
+                for p in params:
+                    src = state.get(p, {}).get(key)
+                    if src is None:
+                        complete = False
+                        src = torch.zeros_like(p, dtype=torch.float32)
+                    views.append(src.reshape(-1))
+                cached = (views, (id(first), id(last)) if complete else (-1, -1))
+                lay.pc_sources[ri] = cached
+            torch.cat([v.to(seg.dtype) for v in cached[0]], out=seg)
+            seg.mul_(inv_bc2).sqrt_().add_(eps).reciprocal_().square_()
+        lay.pc_version = self.pc_version
+
+    # ---------------------------------------------------------------- inside the hook
+
+    def _sqnorm(self, x: torch.Tensor, pc2: torch.Tensor | None) -> torch.Tensor:
+        if x.dtype not in (torch.float32, torch.float64):
+            x = x.float()
+        if pc2 is None:
+            return torch.dot(x, x)
+        return torch.dot(x, x * pc2.to(x.dtype))
+
+    def local_norms(self, lay: _Layout, buf: torch.Tensor) -> None:
+        pc2 = lay.pc2 if self.pc_active else None
+        for start, end, gi, _ in lay.runs:
+            self.local_acc[gi] += self._sqnorm(buf[start:end], None if pc2 is None else pc2[start:end])
+
+    def total_norms(self, lay: _Layout, out: torch.Tensor, sid: int) -> None:
+        pc2 = lay.pc2 if self.pc_active else None
+        if self.mode == "diff":
+            if lay.prev is not None and lay.prev_sid == sid - 1:
+                for start, end, gi, _ in lay.runs:
+                    pcs = None if pc2 is None else pc2[start:end]
+                    cur, prev = out[start:end], lay.prev[start:end]
+                    self.total_parts.append((gi, self._sqnorm(cur, pcs)))
+                    self.prev_parts.append((gi, self._sqnorm(prev, pcs)))
+                    self.mean_parts.append((gi, self._sqnorm(cur + prev, pcs) * 0.25))
+            else:
+                self.diff_ok = False
+            if lay.prev is None:
+                lay.prev = out.detach().clone()
+            else:
+                lay.prev.copy_(out)
+            lay.prev_sid = sid
+            return
+        for start, end, gi, _ in lay.runs:
+            self.total_parts.append((gi, self._sqnorm(out[start:end],
+                                                      None if pc2 is None else pc2[start:end])))
+
+    # ---------------------------------------------------------------- the per-step packet
+    #
+    # Packet layout (summed over replicas): [sigterm, refit due, oom, marker, local norms of the
+    # previous step per group]. It rides at the end of the first bucket's all-reduce (no extra
+    # collective); ``marker`` counts the replicas that sent local norms (K when they are valid).
+
+    PACKET_FLAGS = 4
+
+    def packet(self, flags: list[float]) -> torch.Tensor:
+        head = torch.tensor([*flags, self.prev_marker], dtype=torch.float64)
+        return torch.cat([head.to(self.local_prev.device, non_blocking=True), self.local_prev])
+
+    def receive(self, sid: int, values: torch.Tensor) -> None:
+        self.received = (sid, values.to(torch.float64, copy=True))
+
+    def launch_packet(self, sid: int, flags: list[float]) -> None:
+        """Fallback for buckets that cannot carry float64 values exactly (fp16/bf16 gradients)."""
+        vec = self.packet(flags)
+        work = dist.all_reduce(vec, group=self.process_group, async_op=True)
+        self.pending = (sid, vec, work)
+
+    # ---------------------------------------------------------------- end of step
+
+    def finish(self, info: StepInfo) -> SyncOutcome:
+        if self.outcome is not None and self.outcome_sid == info.sid:
+            return self.outcome
+        outcome = SyncOutcome()
+        if self.pending is not None:
+            sid, vec, work = self.pending
+            self.pending = None
+            work.wait()
+            self.received = (sid, vec)
+        vals = None
+        if self.received is not None and self.received[0] == info.sid:
+            vals = self.received[1].tolist()
+            self.received = None
+            outcome.reduced = True
+            outcome.sigterm = vals[0] > 0.5
+            outcome.refit = vals[1] > 0.5
+            outcome.oom = vals[2] > 0.5
+        # Statistics of the previous step: its local norms arrived with this step's packet.
+        previous, self.awaiting = self.awaiting, None
+        if previous is not None and vals is not None and vals[3] > previous.replicas - 0.5:
+            g = self.num_groups
+            self._finalize(previous, vals[self.PACKET_FLAGS:self.PACKET_FLAGS + g])
+        if self.mode != "off" and outcome.reduced and not outcome.oom:
+            record = self._record(info, outcome)
+            if record is not None:
+                if record.mode == "diff":
+                    self._finalize(record, None)
+                else:
+                    self.awaiting = record
+        elif self.mode == "diff":
+            self.last_good_diff = None
+        self.micro_active = False
+        self.outcome, self.outcome_sid = outcome, info.sid
+        return outcome
+
+    @staticmethod
+    def _sum_parts(parts: list[tuple[int, torch.Tensor]], groups: int) -> list[float]:
+        out = [0.0] * groups
+        if parts:
+            values = torch.stack([v.to(torch.float64) for _, v in parts]).tolist()
+            for (gi, _), v in zip(parts, values, strict=True):
+                out[gi] += v
+        return out
+
+    def _record(self, info: StepInfo, outcome: SyncOutcome) -> _Pending | None:
+        """This step's post-all-reduce norms (its local norms come with the next step)."""
+        g = self.num_groups
+        total = self._sum_parts(self.total_parts, g)
+        prev = mean = None
+        values = total
+        if self.mode == "diff":
+            prev = self._sum_parts(self.prev_parts, g)
+            mean = self._sum_parts(self.mean_parts, g)
+            values = total + prev + mean
+        if not all(math.isfinite(v) for v in values):
+            outcome.nonfinite = True
+            self.last_good_diff = None
+            return None
+        if self.step_invalid:
+            self.last_good_diff = None
+            return None
+        diff_valid = False
+        if self.mode == "diff":
+            last = self.last_good_diff
+            diff_valid = (self.diff_ok and last is not None and last[0] == info.sid - 1
+                          and last[1] == info.scaler_scale)
+            self.last_good_diff = (info.sid, info.scaler_scale)
+        inv = 1.0 / (info.scaler_scale * info.scaler_scale)
+        return _Pending(sid=info.sid, mode=self.mode, scale=info.nominal_scale, replicas=info.replicas,
+                        micro_steps=info.micro_steps, inv=inv, total=total, prev=prev, mean=mean,
+                        diff_valid=diff_valid)
+
+    def _finalize(self, rec: _Pending, local: list[float] | None) -> None:
+        """Turn one step's norms into (sqr, var) estimates and smooth them per parameter group."""
+        inv, scale = rec.inv, rec.scale
+        if rec.mode == "diff":
+            if not rec.diff_valid:
+                return
+            assert rec.prev is not None and rec.mean is not None
+            for gi in range(self.num_groups):
+                if self.measured[gi]:
+                    sqr, var = estimate_differenced(rec.prev[gi] * inv, rec.total[gi] * inv,
+                                                    rec.mean[gi] * inv, scale)
+                    self.states[gi] = self.states[gi].update(sqr, var, scale, biased=True)
+            self.updates += 1
+            return
+        assert local is not None
+        if not all(math.isfinite(v) for v in local):
+            return
+        n = rec.replicas * rec.micro_steps
+        for gi in range(self.num_groups):
+            if self.measured[gi]:
+                sqr, var = estimate_from_norms(local[gi] / n * inv, rec.total[gi] * inv, n, scale)
+                self.states[gi] = self.states[gi].update(sqr, var, scale)
+        self.updates += 1
+
+    # ---------------------------------------------------------------- checkpointing
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"groups": [s.to_dict() for s in self.states], "measured": list(self.measured),
+                "updates": self.updates}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        groups = state["groups"]
+        if len(groups) != self.num_groups:
+            raise ValueError(f"gradient statistics saved for {len(groups)} parameter groups, the "
+                             f"optimiser has {self.num_groups}")
+        self.states = [GradNoiseState.from_dict(d) for d in groups]
+        self.measured = [bool(x) for x in state.get("measured", [True] * self.num_groups)]
+        self.updates = int(state.get("updates", 0))
+
+
+def _pollux_comm_hook(tracker, bucket):  # unannotated: DDP checks the annotations of comm hooks
+    """All-reduce the bucket (mean over replicas and micro-steps) and take the squared norms.
+
+    The first bucket of each step also carries the step's control flags and the previous step's
+    local norms, appended to a copy of it (that bucket is small: DDP caps it at about 1 MiB).
+    """
+    buf = bucket.buffer()
+    lay = tracker.layout(bucket)
+    info = tracker.step
+    sid = info.sid if info is not None else -1
+    mode = tracker.mode
+    if mode == "bucket":
+        tracker.local_norms(lay, buf)
+    divisor = tracker.divisor
+    numel = buf.numel()
+    send = buf
+    if bucket.index() == 0:
+        flags = tracker.ctx.outgoing_flags()
+        if buf.dtype in (torch.float32, torch.float64):
+            send = torch.cat([buf, tracker.packet(flags).to(buf.dtype)])
+        else:
+            tracker.launch_packet(sid, flags)
+    fut = dist.all_reduce(send, group=tracker.process_group, async_op=True).get_future()
+
+    def done(f: torch.futures.Future) -> torch.Tensor:
+        out = f.value()[0]
+        if out.numel() > numel:
+            tracker.receive(sid, out[numel:])
+            out = out[:numel]
+        out.div_(divisor)
+        if mode != "off":
+            tracker.total_norms(lay, out, sid)
+        return out
+
+    return fut.then(done)
+
+
+class _AdpState:
+    """Checkpointed state of the wrapper: progress, steps, smoothed gradient statistics."""
+
+    def __init__(self, adp: AdaptiveDataParallel) -> None:
+        self.adp = adp
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"progress": self.adp._progress, "steps": self.adp._steps,
+                "lr_factor": self.adp._lr_factor, "grad": self.adp._tracker.state_dict()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.adp._progress = float(state["progress"])
+        self.adp._steps = int(state["steps"])
+        self.adp._lr_factor = float(state.get("lr_factor", 1.0))
+        self.adp._tracker.load_state_dict(state["grad"])
+
+
+class AdaptiveDataParallel(DistributedDataParallel):
+    """DistributedDataParallel with gradient-noise statistics, LR scaling and checkpointed state.
+
+    ``optimizer`` must be the optimiser of ``module``'s parameters; its ``step`` and ``zero_grad``
+    are wrapped (see the module docstring). ``lr_scheduler`` and ``scaler`` (an AMP GradScaler) are
+    checkpointed with the model; the user keeps calling them as usual. ``scaling_rule`` defaults to
+    AdaScale for SGD-like optimisers and the square-root rule for the Adam family. Other keyword
+    arguments go to ``DistributedDataParallel``. The process group is the default one
+    (:func:`pollux.torch.init_process_group` is called if it is not initialised yet).
+    """
+
+    def __init__(self, module: torch.nn.Module, optimizer: torch.optim.Optimizer,
+                 lr_scheduler: Any = None, scaler: Any = None, scaling_rule: ScalingRule | None = None,
+                 **ddp_kwargs: Any) -> None:
+        ctx = get_context()
+        if ctx.adp is not None:
+            raise RuntimeError("only one AdaptiveDataParallel per process is supported")
+        ctx.registry.register("model", _ModuleState(module))   # before DDP broadcasts rank 0's weights
+        super().__init__(module, **ddp_kwargs)
+        self._ctx = ctx
+        self.optimizer = optimizer
+        self.lr_scheduler = lr_scheduler
+        self.scaler = scaler
+        self.scaling_rule: ScalingRule = scaling_rule or scaling_rule_for(type(optimizer).__name__)
+        self._progress = 0.0
+        self._steps = 0
+        self._lr_factor = 1.0
+        self._inject_ooms = 0
+        device = next((p.device for p in module.parameters()), torch.device("cpu"))
+        self._tracker = _GradTracker(optimizer, device, self.process_group)
+        self._tracker.ctx = ctx
+        ctx.registry.register("optimizer", optimizer)
+        if lr_scheduler is not None:
+            ctx.registry.register("lr_scheduler", lr_scheduler)
+        if scaler is not None:
+            ctx.registry.register("grad_scaler", scaler)
+        ctx.registry.register("pollux_adp", _AdpState(self))
+        self._tracker.after_optimizer_step()   # a restored Adam state activates the pre-conditioner
+        self.register_comm_hook(self._tracker, _pollux_comm_hook)
+        self._orig_step = optimizer.step
+        self._orig_zero_grad = optimizer.zero_grad
+        # Bound to the optimiser (not to this wrapper), so that code which re-binds
+        # ``optimizer.step.__func__`` to the optimiser, as torch's LR schedulers do, still works.
+        step = _delegate(self._wrapped_step)
+        step._wrapped_by_lr_sched = True  # type: ignore[attr-defined]  # we set _opt_called ourselves
+        optimizer.step = types.MethodType(step, optimizer)
+        optimizer.zero_grad = types.MethodType(_delegate(self._wrapped_zero_grad), optimizer)
+        # The scaler's per-iteration calls are no-ops until the final micro-step of an accumulation
+        # (unscaling or updating the scale mid-way would corrupt the accumulated gradients). The LR
+        # scheduler is left alone (patching it would leak into its state_dict): step it per epoch,
+        # or per iteration only when ``not model.accumulating``.
+        if scaler is not None:
+            for name in ("step", "update", "unscale_"):
+                setattr(scaler, name, types.MethodType(
+                    _delegate(self._skip_while_accumulating(getattr(scaler, name))), scaler))
+        ctx.adp = self
+
+    def _skip_while_accumulating(self, method: Callable[..., Any]) -> Callable[..., Any]:
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            info = self._ctx.step
+            if info is not None and not info.finished and info.accumulating:
+                return None
+            return method(*args, **kwargs)
+
+        return wrapper
+
+    @property
+    def accumulating(self) -> bool:
+        """True during the non-final micro-steps of gradient accumulation (no update happens)."""
+        info = self._ctx.step
+        return info is not None and not info.finished and info.accumulating
+
+    # ---------------------------------------------------------------- steps
+
+    def _begin_step(self, info: StepInfo) -> None:
+        if self.scaler is not None and self.scaler.is_enabled():
+            info.scaler_scale = float(self.scaler.get_scale())
+        self._tracker.begin_step(info)
+
+    def _current_step(self) -> StepInfo:
+        ctx = self._ctx
+        info = ctx.step
+        if info is None or info.finished or (not info.managed and (info.stepped or info.skipped)):
+            batch = None
+            info = StepInfo(sid=ctx.new_sid(), replicas=ctx.replicas, micro_steps=1,
+                            local_bsz=batch or 1, managed=False)
+            ctx.begin_step(info)
+        return info
+
+    def forward(self, *inputs: Any, **kwargs: Any) -> Any:
+        ctx = self._ctx
+        info = self._current_step()
+        local_bsz = _first_batch_dim((inputs, kwargs)) or info.local_bsz
+        if not self._oom_recoverable(info):
+            return super().forward(*inputs, **kwargs)
+        failed = False
+        try:
+            self._maybe_inject_oom(local_bsz)
+            return super().forward(*inputs, **kwargs)
+        except Exception as exc:
+            if not is_oom(exc):
+                raise
+            failed = True
+        if failed:   # outside the except block, so the failed pass's tensors can be freed
+            logger.warning("out of memory in the forward pass at local batch size %d (rank %d): "
+                           "skipping this step", local_bsz, ctx.rank)
+            ctx.oom_in_step = True
+            gc.collect()
+            if torch.cuda.is_available():
+                torch.cuda.empty_cache()
+            return self._placeholder_forward(local_bsz, inputs, kwargs)
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def _oom_recoverable(self, info: StepInfo) -> bool:
+        loader = self._ctx.active_loader
+        if not info.managed or loader is None or loader._user_max_local is not None:
+            return False
+        return (self._inject_ooms > 0 or self._ctx.fault_oom_above is not None
+                or next(self.module.parameters()).is_cuda)
+
+    def _maybe_inject_oom(self, local_bsz: int) -> None:
+        if self._inject_ooms > 0:
+            self._inject_ooms -= 1
+            raise synthetic_oom(local_bsz)
+        limit = self._ctx.fault_oom_above
+        if limit is not None and local_bsz > limit:
+            raise synthetic_oom(local_bsz)
+
+    def _placeholder_forward(self, local_bsz: int, inputs: Any, kwargs: Any) -> Any:
+        """Run the forward pass on one example and broadcast its output to the batch's shape.
+
+        The replica must still take part in the step's all-reduces; its gradients are discarded
+        (every replica skips the update once the OOM flag is reduced).
+        """
+        def shrink(x: Any) -> Any:
+            if isinstance(x, torch.Tensor) and x.dim() >= 1 and x.shape[0] == local_bsz:
+                return x[:1]
+            return x
+
+        def grow(x: Any) -> Any:
+            if isinstance(x, torch.Tensor) and x.dim() >= 1 and x.shape[0] == 1 and local_bsz > 1:
+                return x.expand(local_bsz, *x.shape[1:]).contiguous()
+            return x
+
+        small_inputs, small_kwargs = _tree_map(shrink, (inputs, kwargs))
+        out = super().forward(*small_inputs, **small_kwargs)
+        return _tree_map(grow, out)
+
+    def _release_process_group(self) -> None:
+        """Drop the references this wrapper holds to the process group (see ``AgentContext.shutdown``)."""
+        self._tracker.process_group = None
+        for name in ("reducer", "logger"):
+            if name in self.__dict__:
+                delattr(self, name)
+        self.__dict__["process_group"] = None
+
+    def inject_oom(self, times: int = 1) -> None:
+        """Fault injection (tests): the next ``times`` forward passes raise a synthetic CUDA OOM.
+
+        Only effective where out-of-memory recovery applies: in a loader-driven step of a loader
+        without an upper local batch bound.
+        """
+        self._inject_ooms += max(int(times), 0)
+
+    def _finish_sync(self, info: StepInfo) -> SyncOutcome:
+        return self._tracker.finish(info)
+
+    def _discard_gradients(self) -> None:
+        self._orig_zero_grad(set_to_none=True)
+
+    def _wrapped_zero_grad(self, *args: Any, **kwargs: Any) -> Any:
+        info = self._ctx.step
+        if (info is not None and info.managed and not info.finished and not info.stepped
+                and not info.skipped and (info.micro > 0 or info.nonfinal_step_called)):
+            return None    # inside gradient accumulation: keep the accumulated gradients
+        return self._orig_zero_grad(*args, **kwargs)
+
+    def _wrapped_step(self, *args: Any, **kwargs: Any) -> Any:
+        ctx = self._ctx
+        info = ctx.step
+        if info is None or info.finished:
+            info = self._current_step()
+        if info.accumulating:
+            info.nonfinal_step_called = True
+            return None
+        if info.skipped:
+            return None
+        if info.stepped:
+            return self._orig_step(*args, **kwargs)
+        outcome = self._tracker.finish(info)
+        if outcome.oom:
+            info.skipped = True
+            self._discard_gradients()
+            return None
+        stats = self._tracker.stats()
+        factor = float(self.scaling_rule(info.scale, stats, self._epoch_fraction()))
+        groups = self.optimizer.param_groups
+        saved = [g["lr"] for g in groups]
+        try:
+            for g, lr in zip(groups, saved, strict=True):
+                g["lr"] = lr * factor
+            result = self._orig_step(*args, **kwargs)
+        finally:
+            for g, lr in zip(groups, saved, strict=True):
+                g["lr"] = lr
+        info.stepped = True
+        self.optimizer._opt_called = True      # what torch's LR schedulers check (see __init__)
+        self._lr_factor = factor
+        self._steps += 1
+        self._progress += float(gain(info.nominal_scale, stats.sqr, stats.var)) * info.fraction
+        self._tracker.after_optimizer_step()
+        if not info.managed:
+            info.finished = True
+            if outcome.sigterm and ctx.registry.enabled:
+                ctx.preempt()
+        return result
+
+    def _epoch_fraction(self) -> float:
+        loader = self._ctx.active_loader
+        if loader is None:
+            return float(self._ctx.epoch_state.epoch)
+        return self._progress * loader.init_batch_size / len(loader.dataset)
+
+    # ---------------------------------------------------------------- accessors
+
+    @property
+    def progress(self) -> float:
+        """Training progress in scale-invariant iterations (M0-sized steps)."""
+        return self._progress
+
+    @property
+    def steps(self) -> int:
+        """Optimiser steps applied so far."""
+        return self._steps
+
+    @property
+    def grad_stats(self) -> GradStats:
+        """Smoothed (sqr, var) summed over parameter groups (var at batch size M0)."""
+        return self._tracker.stats()
+
+    @property
+    def grad_stats_per_group(self) -> list[GradStats]:
+        return [s.stats() for s in self._tracker.states]
+
+    @property
+    def stats_ready(self) -> bool:
+        """Whether enough steps were measured for the statistics to drive batch-size decisions."""
+        return self._tracker.updates >= MIN_STATS_UPDATES
+
+    @property
+    def biased_stats(self) -> bool:
+        """True while the statistics come only from the differenced (biased) estimator."""
+        return not any(s.has_unbiased for s in self._tracker.states)
+
+    def _loader(self) -> Any:
+        ctx = self._ctx
+        if ctx.active_loader is not None:
+            return ctx.active_loader
+        return ctx.loaders[-1] if ctx.loaders else None
+
+    @property
+    def init_batch_size(self) -> int | None:
+        loader = self._loader()
+        return None if loader is None else loader.init_batch_size
+
+    @property
+    def batch_size(self) -> int | None:
+        """Current total batch M = K·m·(s+1) (None before a loader exists)."""
+        loader = self._loader()
+        return None if loader is None else loader.current_batch_size
+
+    @property
+    def scale(self) -> float:
+        loader = self._loader()
+        if loader is None:
+            return 1.0
+        return loader.current_batch_size / loader.init_batch_size
+
+    @property
+    def pgns(self) -> float:
+        """Pre-conditioned gradient noise scale φ = var·M0/sqr (inf when sqr is 0)."""
+        m0 = self.init_batch_size or 1
+        return self.grad_stats.pgns(m0)
+
+    @property
+    def gain(self) -> float:
+        """gain(S) at the current batch: M0-steps of progress per optimiser step."""
+        stats = self.grad_stats
+        return float(gain(self.scale, stats.sqr, stats.var))
+
+    @property
+    def efficiency(self) -> float:
+        return self.gain / self.scale
+
+    @property
+    def lr_factor(self) -> float:
+        """λ applied to the learning rate at the last optimiser step."""
+        return self._lr_factor
+
+    def to_scalars(self) -> dict[str, float]:
+        """Scalars for TensorBoard or logs (``writer.add_scalar(k, v, step)`` for each)."""
+        stats = self.grad_stats
+        loader = self._loader()
+        out = {
+            "progress": self._progress,
+            "steps": float(self._steps),
+            "epoch": float(self._ctx.epoch_state.epoch),
+            "grad_sqr": stats.sqr,
+            "grad_var": stats.var,
+            "pgns": self.pgns,
+            "gain": self.gain,
+            "efficiency": self.efficiency,
+            "lr_factor": self._lr_factor,
+            "replicas": float(self._ctx.replicas),
+        }
+        if loader is not None:
+            out.update({"batch_size": float(loader.current_batch_size),
+                        "local_bsz": float(loader.local_bsz),
+                        "accum_steps": float(loader.accumulation_steps)})
+        return out

@@ -1,0 +1,167 @@
+"""Deterministic, elastic sampling: which examples each replica trains on at each step (SPEC §8).
+
+The data stream is a sequence of passes over the dataset; pass ``p`` visits the dataset in the order of
+a permutation seeded by ``(seed, p)``. A *global sample index* ``g`` addresses the stream (pass
+``g // N``, position ``g % N`` of that pass, N = dataset length). A step at total batch
+``M = K·m·(s+1)`` takes the next M stream positions; they form ``s+1`` consecutive chunks of ``K·m``
+(one per micro-step), and replica ``r`` of ``K`` takes positions ``r, r+K, r+2K, …`` of each chunk. With
+equal local batches the average of the replicas' mean gradients is the mean gradient of the whole
+chunk, whatever K is. Everything is a pure function of the global sample index, so a job restarted
+with another replica count resumes exactly where it stopped.
+
+Pass boundaries: a step never straddles two passes. Where fewer than M positions are left in a pass,
+the step takes them all (a *tail* step, with as many micro-steps as needed and equal local batches
+across replicas); the ``< K`` positions that cannot be shared equally are skipped, and a full step that
+leaves fewer than K positions behind skips them too, so every step belongs to one pass and a pass is
+visited exactly once except for those (fewer than K) skipped positions.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+
+@dataclass(frozen=True, slots=True)
+class StepPlan:
+    """One optimiser step as seen by one replica.
+
+    ``start`` is the global sample index of the step's first position and ``advance`` how far the
+    position moves (trained positions plus skipped ones). ``micro_batches`` holds this replica's
+    dataset indices per micro-step, all replicas having equal local batches within a micro-step.
+    ``samples`` is the number of examples trained on by all replicas together. ``full`` is True for a
+    regular step at the configured batch (the only steps whose gradient statistics are measured).
+    ``fraction = advance / M`` weighs the step's progress.
+    """
+
+    start: int
+    advance: int
+    samples: int
+    replicas: int
+    rank: int
+    batch_size: int
+    micro_batches: tuple[tuple[int, ...], ...]
+    full: bool
+
+    @property
+    def micro_steps(self) -> int:
+        return len(self.micro_batches)
+
+    @property
+    def local_sizes(self) -> tuple[int, ...]:
+        return tuple(len(mb) for mb in self.micro_batches)
+
+    @property
+    def fraction(self) -> float:
+        return self.advance / self.batch_size
+
+
+class ElasticSampler:
+    """The stream of passes and the step plans over it; its state is the global sample index."""
+
+    _CACHE = 3  # permutations kept (a step touches one pass; restarts rarely go back)
+
+    def __init__(self, dataset_len: int, shuffle: bool = True, seed: int = 0) -> None:
+        if isinstance(dataset_len, bool) or int(dataset_len) != dataset_len or dataset_len < 1:
+            raise ValueError(f"dataset_len: expected a positive integer, got {dataset_len!r}")
+        self.dataset_len = int(dataset_len)
+        self.shuffle = bool(shuffle)
+        self.seed = int(seed)
+        self.position = 0
+        self._perms: OrderedDict[int, np.ndarray] = OrderedDict()
+
+    # ---------------------------------------------------------------- the stream
+
+    def permutation(self, pass_index: int) -> np.ndarray:
+        """Dataset order of pass ``pass_index`` (identity without shuffling)."""
+        if not self.shuffle:
+            return np.arange(self.dataset_len, dtype=np.int64)
+        perm = self._perms.get(pass_index)
+        if perm is None:
+            rng = np.random.default_rng([self.seed, int(pass_index)])
+            perm = rng.permutation(self.dataset_len).astype(np.int64)
+            self._perms[pass_index] = perm
+            while len(self._perms) > self._CACHE:
+                self._perms.popitem(last=False)
+        else:
+            self._perms.move_to_end(pass_index)
+        return perm
+
+    def indices(self, start: int, positions: np.ndarray) -> np.ndarray:
+        """Dataset indices of stream positions ``start + positions`` (all within one pass)."""
+        n = self.dataset_len
+        p = start // n
+        return self.permutation(p)[(start - p * n) + positions]
+
+    def pass_of(self, position: int | None = None) -> int:
+        return (self.position if position is None else position) // self.dataset_len
+
+    # ---------------------------------------------------------------- step plans
+
+    def plan(self, position: int, replicas: int, rank: int, local_bsz: int, accum_steps: int = 0) -> StepPlan:
+        """The step that starts at global sample index ``position`` (see the module docstring)."""
+        k, m, s = int(replicas), int(local_bsz), int(accum_steps)
+        if k < 1 or not 0 <= rank < k or m < 1 or s < 0:
+            raise ValueError(f"invalid step configuration: replicas={replicas}, rank={rank}, "
+                             f"local_bsz={local_bsz}, accum_steps={accum_steps}")
+        n = self.dataset_len
+        if n < k:
+            raise ValueError(f"the dataset has {n} examples, fewer than the {k} replicas")
+        batch = k * m * (s + 1)
+        start = int(position)
+        skipped = 0
+        left = n - start % n
+        if left < k:
+            # Too few positions left to give every replica one (after a rescale): skip to the next pass.
+            skipped, start, left = left, start + left, n
+        if left >= batch:
+            rest = left - batch
+            advance = batch + (rest if 0 < rest < k else 0)
+            sizes = [m] * (s + 1)
+            full = True
+        else:
+            # Tail of the pass: equal local batches, as many micro-steps of at most m as needed.
+            per_replica = left // k
+            chunks = -(-per_replica // m)
+            base, extra = divmod(per_replica, chunks)
+            sizes = [base + (1 if j < extra else 0) for j in range(chunks)]
+            advance = left
+            full = False
+        micro = []
+        chunk_start = 0
+        for size in sizes:
+            pos = chunk_start + rank + k * np.arange(size, dtype=np.int64)
+            micro.append(tuple(self.indices(start, pos).tolist()))
+            chunk_start += k * size
+        return StepPlan(start=int(position), advance=int(advance + skipped), samples=int(chunk_start),
+                        replicas=k, rank=int(rank), batch_size=batch, micro_batches=tuple(micro),
+                        full=full)
+
+    def iter_plans(self, position: int, replicas: int, rank: int, local_bsz: int,
+                   accum_steps: int = 0) -> Iterator[StepPlan]:
+        """Successive step plans from ``position`` on (endless)."""
+        while True:
+            plan = self.plan(position, replicas, rank, local_bsz, accum_steps)
+            yield plan
+            position += plan.advance
+
+    # ---------------------------------------------------------------- checkpointing
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"position": int(self.position), "dataset_len": self.dataset_len, "shuffle": self.shuffle,
+                "seed": self.seed}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if int(state["dataset_len"]) != self.dataset_len:
+            raise ValueError(f"sampler state: saved for a dataset of {state['dataset_len']} examples, "
+                             f"this one has {self.dataset_len}")
+        if bool(state["shuffle"]) != self.shuffle or int(state["seed"]) != self.seed:
+            raise ValueError("sampler state: saved with another shuffle/seed setting")
+        position = int(state["position"])
+        if position < 0:
+            raise ValueError(f"sampler state: negative position {position}")
+        self.position = position
