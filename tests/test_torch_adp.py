@@ -10,6 +10,7 @@ import http.server
 import json
 import logging
 import math
+import sys
 import threading
 from collections import Counter
 from pathlib import Path
@@ -484,3 +485,19 @@ def test_periodic_refit_chooses_batches_and_reports_hints(agent, caplog) -> None
     assert path == "/v1/jobs/job-1/hints" and auth == "Bearer tok"
     assert body["version"] == 1 and set(body["throughput"]) >= {"alpha_grad", "gamma"}
     assert "batch size 8 (local 8 x 1" in caplog.text
+
+
+def test_fatal_oom_is_remembered_for_the_restart(agent, tmp_path: Path) -> None:
+    agent.setenv("POLLUX_CHECKPOINT_DIR", str(tmp_path))
+    _, _, _, loader = make_job(n=64, m0=16)
+    loader.autoscale_batch_size(64)
+    it = iter(loader)
+    next(it)
+    exc = torch.OutOfMemoryError("CUDA out of memory (in the backward pass)")
+    sys.excepthook(type(exc), exc, None)        # what an uncaught error does on its way out
+    it.close()
+    assert json.loads((tmp_path / "pollux-oom.json").read_text())["max_local_bsz"] == 12
+    reset_context()
+    _, _, _, loader = make_job(n=64, m0=16)
+    loader.autoscale_batch_size(64)
+    assert loader.max_local_bsz == 12 and loader.local_bsz <= 12

@@ -17,6 +17,7 @@ from __future__ import annotations
 import atexit
 import datetime
 import gc
+import json
 import logging
 import os
 import signal
@@ -44,6 +45,16 @@ REFIT_INTERVAL_S = 30.0
 ENV_FAULT_OOM_ABOVE = "POLLUX_FAULT_OOM_ABOVE"
 #: Overrides the refit interval (seconds), for tests and experiments.
 ENV_REFIT_INTERVAL = "POLLUX_REFIT_INTERVAL_S"
+#: File in the checkpoint directory noting the local batch bound after a fatal out-of-memory error.
+OOM_NOTE = "pollux-oom.json"
+
+
+def is_oom(exc: BaseException) -> bool:
+    """A CUDA out-of-memory error (``torch.OutOfMemoryError`` or a RuntimeError saying so)."""
+    oom_type = getattr(torch, "OutOfMemoryError", None) or getattr(torch.cuda, "OutOfMemoryError", None)
+    if oom_type is not None and isinstance(exc, oom_type):
+        return True
+    return isinstance(exc, RuntimeError) and "out of memory" in str(exc).lower()
 
 
 @dataclass(slots=True)
@@ -150,8 +161,10 @@ class AgentContext:
         self.injected_ooms = 0
         above = os.environ.get(ENV_FAULT_OOM_ABOVE, "").strip()
         self.fault_oom_above: int | None = int(above) if above else None
+        self._prev_excepthook: Any = None
         if env.checkpointing:
             self._install_sigterm_handler()
+            self._install_excepthook()
 
     # ---------------------------------------------------------------- identity
 
@@ -185,8 +198,59 @@ class AgentContext:
         self._prev_sigterm_handler = signal.signal(signal.SIGTERM, handler)
         self._handler_installed = True
 
+    def _install_excepthook(self) -> None:
+        """An out-of-memory error the agent could not absorb (in the backward pass, say) ends the
+        process; before it does, the lowered local batch bound is noted in the checkpoint directory
+        so that the restarted job does not run out of memory at the same local batch again."""
+        previous = sys.excepthook
+
+        def hook(exc_type: Any, exc: BaseException, tb: Any) -> None:
+            try:
+                if is_oom(exc):
+                    self.note_oom_for_restart()
+            except Exception:  # pragma: no cover - never hide the original error
+                pass
+            previous(exc_type, exc, tb)
+
+        self._prev_excepthook = previous
+        sys.excepthook = hook
+
+    def note_oom_for_restart(self) -> int | None:
+        """Record ``floor(m × 0.75)`` for the current local batch m in ``pollux-oom.json``."""
+        loader, info = self.active_loader, self.step
+        if (not self.env.checkpointing or loader is None or info is None or not info.managed
+                or loader._user_max_local is not None):
+            return None
+        bound = int(info.local_bsz * 0.75)
+        if bound < 1:
+            return None
+        path = os.path.join(str(self.env.checkpoint_dir), OOM_NOTE)
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        tmp = f"{path}.{os.getpid()}.tmp"
+        with open(tmp, "w", encoding="utf-8") as f:
+            json.dump({"max_local_bsz": bound, "local_bsz": info.local_bsz, "rank": self.rank}, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+        logger.error("out of memory at local batch size %d: the restarted job will use at most %d",
+                     info.local_bsz, bound)
+        return bound
+
+    def oom_note(self) -> int | None:
+        """The local batch bound noted by a previous run that died of an out-of-memory error."""
+        if not self.env.checkpointing:
+            return None
+        try:
+            with open(os.path.join(str(self.env.checkpoint_dir), OOM_NOTE), encoding="utf-8") as f:
+                return int(json.load(f)["max_local_bsz"])
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
+
     def close(self) -> None:
-        """Undo what the context installed (signal handler); flush the reporter briefly."""
+        """Undo what the context installed (signal handler, excepthook); flush the reporter briefly."""
+        if self._prev_excepthook is not None:
+            sys.excepthook = self._prev_excepthook
+            self._prev_excepthook = None
         if self._handler_installed:
             try:
                 signal.signal(signal.SIGTERM, self._prev_sigterm_handler or signal.SIG_DFL)
@@ -212,8 +276,9 @@ class AgentContext:
     def outgoing_flags(self) -> list[float]:
         """Flags this replica contributes to the step's all-reduce: [sigterm, refit due, oom]."""
         refit = 0.0
+        # The first refit waits until both step times and gradient statistics exist.
         if (self.rank == 0 and self.active_loader is not None and len(self.profiler) > 0
-                and self.fitter.due()):
+                and (self.adp is None or self.adp.stats_ready) and self.fitter.due()):
             refit = 1.0
         return [1.0 if self.sigterm_requested else 0.0, refit, 1.0 if self.oom_in_step else 0.0]
 
@@ -290,11 +355,6 @@ class AgentContext:
         preempt = self.agree(self.sigterm_requested) if self.registry.enabled else False
         self.save_checkpoint("epoch")
         if preempt:
-            self.preempt()
-
-    def check_preempt(self) -> None:
-        """At a boundary outside steps (an epoch start): exit if any replica got SIGTERM."""
-        if self.registry.enabled and self.agree(self.sigterm_requested):
             self.preempt()
 
 

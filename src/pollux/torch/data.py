@@ -118,6 +118,9 @@ class AdaptiveDataLoader:
         self._index = len(ctx.loaders)
         ctx.loaders.append(self)
         ctx.registry.register(f"pollux_loader{self._index}", _LoaderState(self))
+        noted = ctx.oom_note()      # a previous run died of an out-of-memory error
+        if noted is not None:
+            self._oom_max_local = noted if self._oom_max_local is None else min(self._oom_max_local, noted)
 
     # ---------------------------------------------------------------- configuration
 

@@ -1,24 +1,28 @@
 """``AdaptiveDataParallel``: DDP that measures the gradient noise and scales the learning rate (SPEC §2, §8).
 
-Statistics come from a DDP communication hook, one Python call per gradient bucket per step:
+Statistics come from a DDP communication hook (public API: ``register_comm_hook`` and ``GradBucket``),
+one Python call per gradient bucket per step:
 
 * before the bucket's all-reduce, the squared norm of the local (pre-conditioned) gradient, per
-  optimiser parameter group (a few dot products over contiguous slices of the bucket buffer);
+  optimiser parameter group: one dot product per contiguous run of one group's parameters in the
+  flat bucket buffer (no Python loop over parameters);
 * after it, the squared norm of the averaged gradient, likewise;
-* the per-replica local norms, and three control flags (SIGTERM, refit due, out of memory), travel in
-  one small extra all-reduce launched asynchronously from the last bucket's hook.
+* no extra collective: the first bucket of each step (small: DDP caps it at about 1 MiB) is sent as a
+  copy with a few values appended: three control flags (SIGTERM received, refit due, out of memory)
+  and the previous step's per-group local norms, so a step's estimate is completed one step later.
 
 From these the unbiased estimator gives (sqr, var) with n = K samples. With gradient accumulation
-(s ≥ 1) each micro-batch gradient's norm is taken by a tensor hook as it arrives (n = K·(s+1), so one
+(s ≥ 1), each micro-batch gradient's norm is taken by a tensor hook as it arrives (n = K·(s+1), so one
 replica with accumulation has real multi-sample estimates). One replica without accumulation uses
 the differenced estimator over consecutive steps (marked biased). The squared norms use the Adam
 pre-conditioner ``1/(sqrt(v̂)+eps)`` once the optimiser has taken 5 steps; it is kept flattened per
 bucket and refreshed after each optimiser step with one ``cat`` and four element-wise ops per run of
 parameters of one group. Estimates are smoothed per parameter group (``GradNoiseState``).
 
-The optimiser's ``step`` and ``zero_grad`` are wrapped: during accumulation micro-steps they do
-nothing (the loader drives ``no_sync``), the final step multiplies each group's learning rate by
-``λ = rule(S, stats)`` for the duration of the update, and progress grows by ``gain(S)``.
+The optimiser's ``step`` and ``zero_grad`` (and an AMP scaler's ``step``/``update``/``unscale_``) are
+wrapped: during accumulation micro-steps they do nothing (the loader drives ``no_sync``), the final
+step multiplies each group's learning rate by ``λ = rule(S, stats)`` for the duration of the update,
+and progress grows by ``gain(S)``.
 """
 
 from __future__ import annotations
@@ -45,7 +49,7 @@ from pollux.goodput import (
     gain,
     scaling_rule_for,
 )
-from pollux.torch.context import StepInfo, SyncOutcome, get_context
+from pollux.torch.context import StepInfo, SyncOutcome, get_context, is_oom
 
 logger = logging.getLogger("pollux.torch")
 
@@ -54,14 +58,6 @@ PRECOND_MIN_STEPS = 5
 #: Batch-size decisions wait for this many steps with gradient statistics (one noisy estimate could
 #: floor sqr at 0, which makes every batch size look perfectly efficient).
 MIN_STATS_UPDATES = 10
-
-
-def is_oom(exc: BaseException) -> bool:
-    """A CUDA out-of-memory error (``torch.OutOfMemoryError`` or a RuntimeError saying so)."""
-    oom_type = getattr(torch, "OutOfMemoryError", None) or getattr(torch.cuda, "OutOfMemoryError", None)
-    if oom_type is not None and isinstance(exc, oom_type):
-        return True
-    return isinstance(exc, RuntimeError) and "out of memory" in str(exc).lower()
 
 
 def synthetic_oom(local_bsz: int) -> BaseException:
@@ -124,7 +120,8 @@ class _ModuleState:
 class _Layout:
     """Where each parameter's gradient lies in one DDP bucket, grouped in runs of one param group."""
 
-    __slots__ = ("key", "numel", "pc2", "pc_sources", "pc_version", "prev", "prev_sid", "runs", "spans")
+    __slots__ = ("key", "numel", "pc2", "pc_sources", "pc_version", "prev", "prev_sid", "result",
+                 "result_sid", "runs", "scratch", "send", "spans")
 
     def __init__(self, key: tuple[int, int], numel: int, spans: list[tuple[torch.Tensor, int, int, int]],
                  runs: list[tuple[int, int, int, list[torch.Tensor]]]) -> None:
@@ -137,6 +134,12 @@ class _Layout:
         self.pc_sources: list[tuple[list[torch.Tensor], tuple[int, ...]] | None] = [None] * len(runs)
         self.prev: torch.Tensor | None = None
         self.prev_sid = -10
+        self.result: torch.Tensor | None = None     # the reduced (averaged) bucket of step result_sid
+        self.result_sid = -10
+        # Reused buffers (a fresh bucket-sized allocation every step costs page faults): products
+        # with the pre-conditioner, and the first bucket's copy with the packet appended.
+        self.scratch: torch.Tensor | None = None
+        self.send: torch.Tensor | None = None
 
 
 @dataclass(slots=True)
@@ -159,8 +162,13 @@ class _GradTracker:
     """Per-step gradient measurements and the smoothed statistics per parameter group."""
 
     def __init__(self, optimizer: torch.optim.Optimizer, device: torch.device,
-                 process_group: Any) -> None:
+                 process_group: Any, totals_in_callback: bool = False) -> None:
         self.optimizer = optimizer
+        # Where the norms of the averaged gradient are taken: in the all-reduce's completion
+        # callback (communication thread) when gradients are views of the buckets, since user code
+        # (unscaling, clipping) may modify them in place before the optimiser step; otherwise at
+        # the end of the step, in the training thread, from the reduced buckets.
+        self.totals_in_callback = totals_in_callback
         self.device = device
         self.process_group = process_group
         self.num_groups = len(optimizer.param_groups)
@@ -176,6 +184,7 @@ class _GradTracker:
         self.pc_version = 0
         self.pc_groups: list[tuple[float, float, str] | None] = [None] * self.num_groups
         self.layouts: dict[int, _Layout] = {}
+        self.seen_buckets: set[int] = set()
         self.param_pc2: dict[int, torch.Tensor] = {}
         self.ctx: Any = None
         # Per step.
@@ -235,6 +244,7 @@ class _GradTracker:
         self.pending = None
         self.diff_ok = True
         self.step_invalid = False
+        self.seen_buckets = set()
 
     def _register_micro_hooks(self) -> None:
         for gi, group in enumerate(self.optimizer.param_groups):
@@ -271,6 +281,7 @@ class _GradTracker:
         buf = bucket.buffer()
         key = (buf.data_ptr(), buf.numel())
         idx = bucket.index()
+        self.seen_buckets.add(idx)
         lay = self.layouts.get(idx)
         if lay is None or lay.key != key:
             lay = self._build_layout(bucket, buf, key)
@@ -371,17 +382,28 @@ class _GradTracker:
 
     # ---------------------------------------------------------------- inside the hook
 
-    def _sqnorm(self, x: torch.Tensor, pc2: torch.Tensor | None) -> torch.Tensor:
+    @staticmethod
+    def _sqnorm(x: torch.Tensor, pc2: torch.Tensor | None, lay: _Layout | None = None,
+                start: int = 0) -> torch.Tensor:
+        """``|x|²``, or ``x·(P²x)`` with the pre-conditioner (the product goes to ``lay.scratch``)."""
         if x.dtype not in (torch.float32, torch.float64):
             x = x.float()
         if pc2 is None:
             return torch.dot(x, x)
-        return torch.dot(x, x * pc2.to(x.dtype))
+        pc2 = pc2.to(x.dtype)
+        if lay is None:
+            return torch.dot(x, x * pc2)
+        if lay.scratch is None or lay.scratch.dtype != x.dtype or lay.scratch.device != x.device:
+            lay.scratch = torch.empty(lay.numel, dtype=x.dtype, device=x.device)
+        tmp = lay.scratch[start:start + x.numel()]
+        torch.mul(x, pc2, out=tmp)
+        return torch.dot(x, tmp)
 
     def local_norms(self, lay: _Layout, buf: torch.Tensor) -> None:
         pc2 = lay.pc2 if self.pc_active else None
         for start, end, gi, _ in lay.runs:
-            self.local_acc[gi] += self._sqnorm(buf[start:end], None if pc2 is None else pc2[start:end])
+            self.local_acc[gi] += self._sqnorm(buf[start:end], None if pc2 is None else pc2[start:end],
+                                               lay, start)
 
     def total_norms(self, lay: _Layout, out: torch.Tensor, sid: int) -> None:
         pc2 = lay.pc2 if self.pc_active else None
@@ -403,7 +425,7 @@ class _GradTracker:
             return
         for start, end, gi, _ in lay.runs:
             self.total_parts.append((gi, self._sqnorm(out[start:end],
-                                                      None if pc2 is None else pc2[start:end])))
+                                                      None if pc2 is None else pc2[start:end], lay, start)))
 
     # ---------------------------------------------------------------- the per-step packet
     #
@@ -432,6 +454,14 @@ class _GradTracker:
         if self.outcome is not None and self.outcome_sid == info.sid:
             return self.outcome
         outcome = SyncOutcome()
+        if self.seen_buckets:     # forget layouts of buckets DDP no longer has (after a rebuild)
+            for idx in [i for i in self.layouts if i not in self.seen_buckets]:
+                del self.layouts[idx]
+        if self.mode != "off" and not self.totals_in_callback:
+            for lay in list(self.layouts.values()):
+                if lay.result_sid == info.sid and lay.result is not None:
+                    self.total_norms(lay, lay.result, info.sid)
+                    lay.result = None
         if self.pending is not None:
             sid, vec, work = self.pending
             self.pending = None
@@ -541,10 +571,14 @@ class _GradTracker:
 
 
 def _pollux_comm_hook(tracker, bucket):  # unannotated: DDP checks the annotations of comm hooks
-    """All-reduce the bucket (mean over replicas and micro-steps) and take the squared norms.
+    """All-reduce the mean of the bucket over replicas and micro-steps, measuring squared norms.
 
-    The first bucket of each step also carries the step's control flags and the previous step's
-    local norms, appended to a copy of it (that bucket is small: DDP caps it at about 1 MiB).
+    The local norms are taken before the all-reduce. The norms of the averaged gradient are taken in
+    the completion callback when gradients are views of the buckets (the default: user code may
+    modify them in place before the optimiser step), else at the end of the step in the training
+    thread (``_GradTracker.finish``). The first bucket of each step also carries the step's control
+    flags and the previous step's local norms, appended to a reused copy of it (that bucket is
+    small: DDP caps it at about 1 MiB).
     """
     buf = bucket.buffer()
     lay = tracker.layout(bucket)
@@ -553,25 +587,34 @@ def _pollux_comm_hook(tracker, bucket):  # unannotated: DDP checks the annotatio
     mode = tracker.mode
     if mode == "bucket":
         tracker.local_norms(lay, buf)
-    divisor = tracker.divisor
+    if tracker.divisor != 1.0:
+        buf.div_(tracker.divisor)
     numel = buf.numel()
     send = buf
     if bucket.index() == 0:
         flags = tracker.ctx.outgoing_flags()
         if buf.dtype in (torch.float32, torch.float64):
-            send = torch.cat([buf, tracker.packet(flags).to(buf.dtype)])
+            packet = tracker.packet(flags)
+            size = numel + packet.numel()
+            send = lay.send
+            if send is None or send.numel() != size or send.dtype != buf.dtype:
+                send = lay.send = torch.empty(size, dtype=buf.dtype, device=buf.device)
+            send[:numel].copy_(buf)
+            send[numel:].copy_(packet)
         else:
             tracker.launch_packet(sid, flags)
     fut = dist.all_reduce(send, group=tracker.process_group, async_op=True).get_future()
+    in_callback = tracker.totals_in_callback and mode != "off"
 
     def done(f: torch.futures.Future) -> torch.Tensor:
         out = f.value()[0]
         if out.numel() > numel:
             tracker.receive(sid, out[numel:])
             out = out[:numel]
-        out.div_(divisor)
-        if mode != "off":
+        if in_callback:
             tracker.total_norms(lay, out, sid)
+        else:
+            lay.result, lay.result_sid = out, sid
         return out
 
     return fut.then(done)
@@ -612,6 +655,9 @@ class AdaptiveDataParallel(DistributedDataParallel):
         if ctx.adp is not None:
             raise RuntimeError("only one AdaptiveDataParallel per process is supported")
         ctx.registry.register("model", _ModuleState(module))   # before DDP broadcasts rank 0's weights
+        # Gradients as views of the communication buckets: saves DDP's two copies per step between
+        # gradients and buckets, which pays for the statistics (override with False if needed).
+        ddp_kwargs.setdefault("gradient_as_bucket_view", True)
         super().__init__(module, **ddp_kwargs)
         self._ctx = ctx
         self.optimizer = optimizer
@@ -623,7 +669,9 @@ class AdaptiveDataParallel(DistributedDataParallel):
         self._lr_factor = 1.0
         self._inject_ooms = 0
         device = next((p.device for p in module.parameters()), torch.device("cpu"))
-        self._tracker = _GradTracker(optimizer, device, self.process_group)
+        self._on_cuda = device.type == "cuda"
+        self._tracker = _GradTracker(optimizer, device, self.process_group,
+                                     totals_in_callback=bool(getattr(self, "gradient_as_bucket_view", False)))
         self._tracker.ctx = ctx
         ctx.registry.register("optimizer", optimizer)
         if lr_scheduler is not None:
@@ -674,45 +722,44 @@ class AdaptiveDataParallel(DistributedDataParallel):
         self._tracker.begin_step(info)
 
     def _current_step(self) -> StepInfo:
+        """The step in progress; without a loader, each forward after an update starts a new one."""
         ctx = self._ctx
         info = ctx.step
         if info is None or info.finished or (not info.managed and (info.stepped or info.skipped)):
-            batch = None
-            info = StepInfo(sid=ctx.new_sid(), replicas=ctx.replicas, micro_steps=1,
-                            local_bsz=batch or 1, managed=False)
+            info = StepInfo(sid=ctx.new_sid(), replicas=ctx.replicas, micro_steps=1, local_bsz=1,
+                            managed=False)
             ctx.begin_step(info)
         return info
 
     def forward(self, *inputs: Any, **kwargs: Any) -> Any:
-        ctx = self._ctx
+        if not torch.is_grad_enabled():          # evaluation: not part of any training step
+            return super().forward(*inputs, **kwargs)
         info = self._current_step()
-        local_bsz = _first_batch_dim((inputs, kwargs)) or info.local_bsz
         if not self._oom_recoverable(info):
             return super().forward(*inputs, **kwargs)
-        failed = False
+        local_bsz = _first_batch_dim((inputs, kwargs)) or info.local_bsz
         try:
             self._maybe_inject_oom(local_bsz)
             return super().forward(*inputs, **kwargs)
         except Exception as exc:
             if not is_oom(exc):
                 raise
-            failed = True
-        if failed:   # outside the except block, so the failed pass's tensors can be freed
-            logger.warning("out of memory in the forward pass at local batch size %d (rank %d): "
-                           "skipping this step", local_bsz, ctx.rank)
-            ctx.oom_in_step = True
-            gc.collect()
-            if torch.cuda.is_available():
-                torch.cuda.empty_cache()
-            return self._placeholder_forward(local_bsz, inputs, kwargs)
-        raise AssertionError("unreachable")  # pragma: no cover
+        # Outside the except block, so that the failed pass's tensors can be freed.
+        logger.warning("out of memory in the forward pass at local batch size %d (rank %d): "
+                       "skipping this step", local_bsz, self._ctx.rank)
+        self._ctx.oom_in_step = True
+        gc.collect()
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+        return self._placeholder_forward(local_bsz, inputs, kwargs)
 
     def _oom_recoverable(self, info: StepInfo) -> bool:
+        """Out-of-memory recovery applies to loader-driven steps without a user upper local bound,
+        on CUDA (or when faults are injected)."""
         loader = self._ctx.active_loader
         if not info.managed or loader is None or loader._user_max_local is not None:
             return False
-        return (self._inject_ooms > 0 or self._ctx.fault_oom_above is not None
-                or next(self.module.parameters()).is_cuda)
+        return self._on_cuda or self._inject_ooms > 0 or self._ctx.fault_oom_above is not None
 
     def _maybe_inject_oom(self, local_bsz: int) -> None:
         if self._inject_ooms > 0:
