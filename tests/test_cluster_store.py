@@ -1,0 +1,292 @@
+"""Tests of the persistent job store (pollux.cluster.store)."""
+
+from __future__ import annotations
+
+import re
+import sqlite3
+import subprocess
+import sys
+import threading
+
+import numpy as np
+import pytest
+
+from pollux.cluster.store import (
+    SCHEMA_VERSION,
+    JobSpec,
+    JobStore,
+    SchemaVersionError,
+    UnknownJobError,
+)
+from pollux.goodput.records import GradStats, ThroughputParams
+from pollux.hints import HintsError, build_hints
+
+SPEC = {"entrypoint": "train.py", "args": ["--lr", "0.1"], "working_dir": "/tmp", "init_batch_size": 128,
+        "max_batch_size": 1024, "local_bsz_bounds": [32, 256], "min_replicas": 0, "max_replicas": 8,
+        "resources": {"GPU": 1, "CPU": 4}, "preemptible": True}
+
+
+def hints_body(**overrides):
+    kwargs = dict(params=ThroughputParams(0.0177, 0.000697, 0.0342, 0.00165, 0.128, 0.0026, 2.23),
+                  grad=GradStats(sqr=8.95, var=5.07), init_batch_size=128, max_batch_size=4096,
+                  local_bsz_bounds=(32, 1024), accumulation=True, max_replicas_seen=4,
+                  progress=123.5, epoch=3)
+    kwargs.update(overrides)
+    return build_hints(**kwargs)
+
+
+@pytest.fixture
+def store(tmp_path):
+    s = JobStore(tmp_path / "jobs.db")
+    yield s
+    s.close()
+
+
+def test_submit_defaults_and_get(store):
+    job = store.submit(SPEC, name="resnet", now=10.0)
+    assert re.fullmatch(r"job-[0-9a-f]{8}", job.id)
+    assert job.state == "pending" and job.name == "resnet" and job.submit_time == 10.0
+    assert job.spec == JobSpec.from_dict(SPEC) and job.spec.resources == {"GPU": 1.0, "CPU": 4.0}
+    assert len(job.token) >= 32 and job.restarts == 0 and job.allocation == {}
+    other = store.submit(SPEC, job_id="mine")
+    assert other.id == "mine" and other.token != job.token and other.name == "mine"
+    with pytest.raises(ValueError, match="already exists"):
+        store.submit(SPEC, job_id="mine")
+    assert store.get_job(job.id) == job
+    with pytest.raises(KeyError, match="unknown job 'nope'") as info:
+        store.get_job("nope")
+    assert isinstance(info.value, UnknownJobError)
+
+
+def test_lifecycle_legal_path_and_history(store):
+    job = store.submit(SPEC, job_id="a", now=0.0)
+    for i, state in enumerate(["starting", "pending", "starting", "running", "rescaling", "running",
+                               "pending", "starting", "running", "succeeded"], start=1):
+        job = store.transition("a", state, reason=f"r{i}", now=float(i))
+    assert job.state == "succeeded" and job.start_time == 4.0 and job.end_time == 10.0 and job.terminal
+    hist = store.transitions("a")
+    assert [(h.from_state, h.to_state) for h in hist][:3] == [
+        (None, "pending"), ("pending", "starting"), ("starting", "pending")]
+    assert hist[-1].to_state == "succeeded" and hist[-1].reason == "r10" and hist[-1].time == 10.0
+    assert len(hist) == 11
+
+
+@pytest.mark.parametrize("path,bad", [
+    ([], "running"), ([], "succeeded"), ([], "rescaling"), (["starting"], "rescaling"),
+    (["starting"], "succeeded"), (["starting", "running", "rescaling"], "succeeded"),
+    (["starting", "running", "rescaling"], "pending"), (["cancelled"], "pending"),
+    (["starting", "running", "succeeded"], "running"), (["failed"], "cancelled"),
+])
+def test_illegal_transitions_name_from_and_to(store, path, bad):
+    store.submit(SPEC, job_id="j")
+    for state in path:
+        store.transition("j", state)
+    before = store.get_job("j")
+    with pytest.raises(ValueError, match=f"from '{before.state}' to '{bad}'"):
+        store.transition("j", bad)
+    assert store.get_job("j") == before
+    assert len(store.transitions("j")) == len(path) + 1
+
+
+def test_cancel_and_fail_from_every_active_state(store):
+    paths = [[], ["starting"], ["starting", "running"], ["starting", "running", "rescaling"]]
+    for i, path in enumerate(paths):
+        for final in ("cancelled", "failed"):
+            jid = f"j{i}{final}"
+            store.submit(SPEC, job_id=jid)
+            for state in path:
+                store.transition(jid, state)
+            job = store.transition(jid, final, reason="boom", now=5.0)
+            assert job.end_time == 5.0
+            assert job.failure_reason == ("boom" if final == "failed" else None)
+    with pytest.raises(ValueError, match="unknown job state"):
+        store.transition("j0failed", "exploded")
+    with pytest.raises(UnknownJobError):
+        store.transition("ghost", "starting")
+
+
+def test_allocation_history_and_current(store):
+    store.submit(SPEC, job_id="a", now=0.0)
+    store.submit(SPEC, job_id="b", now=1.0)
+    store.transition("a", "starting")
+    store.transition("a", "running")
+    store.set_allocation("a", {"n1": 2, "n0": 1, "n2": 0}, now=3.0)
+    store.set_allocation("b", {"n0": 1}, now=3.0)
+    store.set_allocation("a", {"n1": 4}, now=4.0)
+    assert store.current_allocations() == {"a": {"n1": 4}, "b": {"n0": 1}}
+    assert [(r.time, r.allocation) for r in store.allocation_history("a")] == [
+        (3.0, {"n0": 1, "n1": 2}), (4.0, {"n1": 4})]
+    store.transition("a", "pending", reason="preempted", now=5.0)  # preempted to zero GPUs
+    assert store.current_allocations() == {"b": {"n0": 1}}
+    assert store.allocation_history("a")[-1].allocation == {} and store.get_job("a").allocation == {}
+    store.set_allocation("b", {}, now=6.0)
+    assert store.current_allocations() == {}
+    with pytest.raises(ValueError, match=r"allocation\.n0"):
+        store.set_allocation("b", {"n0": -1})
+    with pytest.raises(UnknownJobError):
+        store.set_allocation("ghost", {"n0": 1})
+
+
+def test_hints_validated_and_latest_kept(store):
+    store.submit(SPEC, job_id="a")
+    assert store.get_hints("a") is None
+    store.put_hints("a", hints_body(epoch=1), now=1.0)
+    store.put_hints("a", hints_body(epoch=2), now=2.0)
+    assert store.get_hints("a") == hints_body(epoch=2)
+    bad = hints_body()
+    bad["throughput"]["gamma"] = float("nan")
+    with pytest.raises(HintsError, match=r"throughput\.gamma") as info:
+        store.put_hints("a", bad)
+    assert info.value.field == "throughput.gamma"
+    bad = hints_body()
+    bad["progress"] = float("inf")
+    with pytest.raises(ValueError, match="progress"):
+        store.put_hints("a", bad)
+    assert store.get_hints("a") == hints_body(epoch=2)
+    with pytest.raises(UnknownJobError):
+        store.put_hints("ghost", hints_body())
+
+
+def test_policy_state_round_trip_with_numpy(store):
+    state = {"population": np.arange(12, dtype=np.int64).reshape(3, 4),
+             "weights": np.linspace(0.0, 1.0, 5, dtype=np.float32),
+             "nested": {"rounds": 3, "best": [np.float64(1.5), np.zeros((2, 2))]}, "name": "pollux"}
+    assert store.load_policy_state("pollux") is None
+    store.save_policy_state("pollux", state)
+    got = store.load_policy_state("pollux")
+    assert got["population"].dtype == np.int64 and np.array_equal(got["population"], state["population"])
+    assert got["weights"].dtype == np.float32 and np.array_equal(got["weights"], state["weights"])
+    assert got["nested"]["rounds"] == 3 and got["nested"]["best"][0] == 1.5
+    assert np.array_equal(got["nested"]["best"][1], np.zeros((2, 2))) and got["name"] == "pollux"
+    store.save_policy_state("pollux", {"x": 1})
+    assert store.load_policy_state("pollux") == {"x": 1}
+
+
+def test_replicas(store):
+    store.submit(SPEC, job_id="a")
+    store.record_replica("a", 0, 1, "n1", 4321, "/logs/a-0-1.log", now=1.0)
+    store.record_replica("a", 0, 0, "n0", 4320, "/logs/a-0-0.log", now=1.0)
+    store.record_replica("a", 1, 0, "n2", 5000, None, now=7.0)
+    store.set_replica_exit("a", 0, 1, 143, now=6.0)
+    reps = store.replicas("a")
+    assert [(r.restart, r.rank, r.node, r.pid) for r in reps] == [
+        (0, 0, "n0", 4320), (0, 1, "n1", 4321), (1, 0, "n2", 5000)]
+    assert reps[1].exit_code == 143 and reps[1].end_time == 6.0 and reps[0].exit_code is None
+    assert [r.rank for r in store.replicas("a", restart=1)] == [0]
+    with pytest.raises(KeyError, match="rank 5"):
+        store.set_replica_exit("a", 0, 5, 1)
+    assert store.add_restart("a") == 1
+    assert store.add_service("a", 12.5) == 12.5
+
+
+def test_persistence_across_reopen_and_processes(tmp_path):
+    path = tmp_path / "jobs.db"
+    with JobStore(path) as s:
+        job = s.submit(SPEC, job_id="a", now=1.0)
+        s.transition("a", "starting", now=2.0)
+        s.set_allocation("a", {"n0": 2}, now=2.0)
+        s.put_hints("a", hints_body())
+        s.save_policy_state("p", {"v": np.ones(3)})
+        s.record_replica("a", 0, 0, "n0", 99, "log", now=2.0)
+    with JobStore(path) as s:
+        with JobStore(path) as second:
+            assert s.get_job("a") == second.get_job("a")
+        got = s.get_job("a")
+        assert got.state == "starting" and got.token == job.token and got.allocation == {"n0": 2}
+        assert s.get_hints("a") == hints_body() and np.array_equal(s.load_policy_state("p")["v"], np.ones(3))
+        assert len(s.transitions("a")) == 2 and s.replicas("a")[0].pid == 99
+        assert s.schema_version == SCHEMA_VERSION
+        # A second store on the same file, in another process, sees and writes through.
+        code = ("import sys; from pollux.cluster.store import JobStore; s = JobStore(sys.argv[1]); "
+                "print(s.get_job('a').state); s.transition('a', 'running', now=3.0)")
+        out = subprocess.run([sys.executable, "-c", code, str(path)], capture_output=True, text=True,
+                             check=True, timeout=60)
+        assert out.stdout.strip() == "starting"
+        assert s.get_job("a").state == "running"
+        raw = sqlite3.connect(path)
+        assert raw.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+        raw.close()
+
+
+def test_migrates_empty_v0_db_and_refuses_future(tmp_path):
+    path = tmp_path / "old.db"
+    sqlite3.connect(path).close()  # a v0 database: a file with no tables
+    with JobStore(path) as s:
+        assert s.schema_version == SCHEMA_VERSION
+        s.submit(SPEC, job_id="a")
+    with JobStore(path) as s:  # reopening does not migrate twice
+        assert [j.id for j in s.list_jobs()] == ["a"]
+    conn = sqlite3.connect(path)
+    conn.execute("UPDATE schema_version SET version = ?", (SCHEMA_VERSION + 1,))
+    conn.commit()
+    conn.close()
+    with pytest.raises(SchemaVersionError, match=f"schema version {SCHEMA_VERSION + 1}.*upgrade"):
+        JobStore(path)
+
+
+def test_list_jobs_filters_by_state(store):
+    for i in range(4):
+        store.submit(SPEC, job_id=f"j{i}", now=float(i))
+    store.transition("j1", "starting")
+    store.transition("j2", "cancelled")
+    assert [j.id for j in store.list_jobs()] == ["j0", "j1", "j2", "j3"]
+    assert [j.id for j in store.list_jobs(["pending"])] == ["j0", "j3"]
+    assert [j.id for j in store.list_jobs({"starting", "cancelled"})] == ["j1", "j2"]
+    with pytest.raises(ValueError, match="bogus"):
+        store.list_jobs(["bogus"])
+
+
+def test_concurrent_writers_from_two_threads(tmp_path):
+    path = tmp_path / "jobs.db"
+    shared = JobStore(path)
+    errors: list[BaseException] = []
+
+    def work(prefix: str, own_store: bool) -> None:
+        s = JobStore(path) if own_store else shared
+        try:
+            for i in range(40):
+                jid = f"{prefix}{i}"
+                s.submit(SPEC, job_id=jid)
+                s.transition(jid, "starting")
+                s.set_allocation(jid, {"n0": 1})
+                s.save_policy_state("p", {"last": jid})
+        except BaseException as exc:  # pragma: no cover - reported below
+            errors.append(exc)
+        finally:
+            if own_store:
+                s.close()
+
+    threads = [threading.Thread(target=work, args=(p, own)) for p, own in
+               [("x", True), ("y", True), ("z", False), ("w", False)]]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+    assert len(shared.list_jobs(["starting"])) == 160
+    assert len(shared.current_allocations()) == 160
+    shared.close()
+
+
+@pytest.mark.parametrize("change,field", [
+    ({"entrypoint": None}, "entrypoint"), ({"entrypoint": ""}, "entrypoint"),
+    ({"init_batch_size": None}, "init_batch_size"), ({"init_batch_size": 0}, "init_batch_size"),
+    ({"init_batch_size": 1.5}, "init_batch_size"), ({"max_batch_size": 64}, "max_batch_size"),
+    ({"local_bsz_bounds": [64, 32]}, "local_bsz_bounds"), ({"local_bsz_bounds": [1]}, "local_bsz_bounds"),
+    ({"args": "x"}, "args"), ({"max_replicas": 0}, "max_replicas"), ({"min_replicas": -1}, "min_replicas"),
+    ({"resources": {"GPU": -1}}, "resources.GPU"), ({"preemptible": "yes"}, "preemptible"),
+    ({"working_dir": 3}, "working_dir"), ({"colour": "red"}, "colour"),
+])
+def test_job_spec_errors_name_the_field(change, field):
+    data = {**SPEC, **change}
+    data = {k: v for k, v in data.items() if not (k in ("entrypoint", "init_batch_size") and v is None)}
+    with pytest.raises(ValueError, match=rf"^{re.escape(field)}:"):
+        JobSpec.from_dict(data)
+
+
+def test_job_spec_minimal_and_round_trip():
+    spec = JobSpec.from_dict({"entrypoint": "t.py", "init_batch_size": 32})
+    assert spec.args == () and spec.max_batch_size is None and spec.resources == {"GPU": 1.0}
+    assert spec.preemptible and spec.min_replicas == 0 and spec.max_replicas is None
+    full = JobSpec.from_dict(SPEC)
+    assert JobSpec.from_dict(full.to_dict()) == full and full.local_bsz_bounds == (32, 256)
