@@ -111,6 +111,51 @@ class GoodputModel:
         return optimize(self, nodes, replicas, limits)
 
 
+def local_bounds(limits: BatchLimits) -> tuple[int, int]:
+    """Whole-example local batch bounds: fractional bounds rounded inwards."""
+    return math.ceil(limits.min_local_bsz - 1e-9), math.floor(float(limits.max_local_bsz) + 1e-9)
+
+
+def batch_candidates(replicas: ArrayLike, limits: BatchLimits,
+                     valid: ArrayLike | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """The total-batch candidates of SPEC §4 for each replica count, shape (P, 50).
+
+    50 geometric values from ``max(M0, min_local_bsz·K)`` to ``max_batch_size``. Returns the
+    candidates and, per replica count, whether any candidate exists (the low end is not above the max).
+    """
+    k = np.atleast_1d(np.asarray(replicas, dtype=np.float64))
+    ok = np.ones(k.shape, dtype=bool) if valid is None else np.asarray(valid, dtype=bool).copy()
+    lo, _ = local_bounds(limits)
+    low = np.maximum(limits.init_batch_size, lo * k)
+    mmax = float(limits.max_batch_size)
+    ok &= low <= mmax
+    ratio = np.where(ok, mmax / low, 1.0)
+    frac = np.linspace(0.0, 1.0, NUM_CANDIDATES)
+    return low[:, None] * ratio[:, None] ** frac[None, :], ok
+
+
+def accumulation_plan(batch: ArrayLike, replicas: ArrayLike, limits: BatchLimits
+                      ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """How a total batch runs on K replicas: (actual M, local m, accumulation s, m within bounds).
+
+    s is the smallest with ``m = ceil(M/(K·(s+1))) ≤ max_local_bsz`` (0 without accumulation), and at
+    least 1 on one replica above M0 so that real multi-sample gradient statistics get measured. The
+    actual total batch is ``K·m·(s+1)`` (m rounds up). Arrays broadcast.
+    """
+    cand = np.asarray(batch, dtype=np.float64)
+    kk = np.asarray(replicas, dtype=np.float64)
+    lo, hi = local_bounds(limits)
+    m0 = limits.init_batch_size
+    if limits.accumulation:
+        s = np.maximum(np.ceil(cand / (kk * hi) - 1e-9) - 1.0, 0.0)
+        force = (kk == 1.0) & (cand > m0 * (1.0 + 1e-9))
+        s = np.where(force, np.maximum(s, 1.0), s)
+    else:
+        s = np.zeros(np.broadcast(cand, kk).shape)
+    m = np.ceil(cand / (kk * (s + 1.0)) - 1e-9)
+    return kk * m * (s + 1.0), m, s, (m >= lo) & (m <= hi)
+
+
 def optimize(model: GoodputModel, nodes: ArrayLike, replicas: ArrayLike,
              limits: BatchLimits) -> BatchPlan:
     """Vectorised batch-size optimisation (SPEC §4).
@@ -130,25 +175,10 @@ def optimize(model: GoodputModel, nodes: ArrayLike, replicas: ArrayLike,
     if model.init_batch_size != limits.init_batch_size:
         raise ValueError(f"limits.init_batch_size: {limits.init_batch_size:g} differs from the model's "
                          f"init_batch_size {model.init_batch_size:g}")
-    m0, mmax = limits.init_batch_size, float(limits.max_batch_size)
-    # Local batches are whole examples: round fractional bounds inwards.
-    lo, hi = math.ceil(limits.min_local_bsz - 1e-9), math.floor(float(limits.max_local_bsz) + 1e-9)
-
-    low = np.maximum(m0, lo * k_safe)                               # (P,)
-    valid_pair &= low <= mmax
-    frac = np.linspace(0.0, 1.0, NUM_CANDIDATES)                    # (C,)
-    ratio = np.where(valid_pair, mmax / low, 1.0)
-    cand = low[:, None] * ratio[:, None] ** frac[None, :]          # (P, C), geometric
+    cand, valid_pair = batch_candidates(k_safe, limits, valid_pair)
     kk = k_safe[:, None]
-    if limits.accumulation:
-        s = np.maximum(np.ceil(cand / (kk * hi) - 1e-9) - 1.0, 0.0)
-        force = (kk == 1.0) & (cand > m0 * (1.0 + 1e-9))
-        s = np.where(force, np.maximum(s, 1.0), s)
-    else:
-        s = np.zeros_like(cand)
-    m = np.ceil(cand / (kk * (s + 1.0)) - 1e-9)
-    ok = (m >= lo) & (m <= hi) & valid_pair[:, None]
-    batch = kk * m * (s + 1.0)
+    batch, m, s, ok = accumulation_plan(cand, kk, limits)
+    ok &= valid_pair[:, None]
     tp = batch / t_iter(model.throughput_params, n_safe[:, None], kk, m, s)
     if limits.adaptive:
         eff = model.efficiency(batch)

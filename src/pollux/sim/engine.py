@@ -21,8 +21,9 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from pollux.goodput import BatchLimits, GoodputModel, GradStats, fit_throughput, gain, optimize
+from pollux.goodput.model import accumulation_plan
 from pollux.goodput.records import ThroughputParams
-from pollux.policy.base import Cluster, JobView, Oracle, Policy, from_matrix, to_matrix
+from pollux.policy.base import Cluster, JobView, Oracle, Policy, to_matrix
 from pollux.sim.profiles import AppProfile
 from pollux.sim.workload import WorkloadJob
 
@@ -89,11 +90,9 @@ def fixed_batch_config(batch: int, replicas: int, init_batch_size: int, max_loca
     On one GPU a batch above M0 always accumulates at least once (as the Pollux agent would), so
     gradient statistics are measured from several micro-batches.
     """
-    s = max(math.ceil(batch / (replicas * max_local_bsz)) - 1, 0)
-    if replicas == 1 and batch > init_batch_size:
-        s = max(s, 1)
-    m = math.ceil(batch / (replicas * (s + 1)))
-    return replicas * m * (s + 1), m, s
+    limits = BatchLimits(init_batch_size, max(init_batch_size, batch), 1, max_local_bsz, accumulation=True)
+    total, m, s, _ = accumulation_plan(batch, replicas, limits)
+    return int(total), int(m), int(s)
 
 
 class SimJob:
@@ -140,7 +139,8 @@ class SimJob:
                 self.max_replicas = max(1, min(cap, config.max_replicas))
             else:
                 self.max_replicas = spec.num_replicas
-        self._total_iters = self._iterations_to_finish(spec.batch_size) if kind == ELASTIC else 0.0
+        self._oracle_steps: np.ndarray | None = None
+        self._total_iters = profile.iterations_to_finish(spec.batch_size) if kind == ELASTIC else 0.0
 
     # ---- what the policy sees ---------------------------------------------------------------
 
@@ -174,20 +174,20 @@ class SimJob:
             application=self.spec.application,
         )
 
-    def _iterations_to_finish(self, batch: int) -> float:
-        return self.profile.iterations_to_finish(batch)
-
     def _oracle(self) -> Oracle:
         remaining = max(self._total_iters - self.iterations, 0.0)
-        steps = np.full(self.max_replicas + 1, np.inf)
-        for r in range(1, self.max_replicas + 1):
-            placement = [4] * (r // 4) + ([r % 4] if r % 4 else [])
-            _, m, s = fixed_batch_config(self.spec.batch_size, r, self.meta.init_batch_size,
-                                         self.meta.max_local_bsz)
-            step, sync = self.profile.step_time(placement, m)
-            if math.isfinite(step):
-                steps[r] = step + s * (step - sync)
-        return Oracle(remaining_iterations=remaining, step_time=steps)
+        # The step-time table depends only on the fixed batch and the replica cap: build it once per cap.
+        if self._oracle_steps is None or self._oracle_steps.size != self.max_replicas + 1:
+            steps = np.full(self.max_replicas + 1, np.inf)
+            for r in range(1, self.max_replicas + 1):
+                placement = [4] * (r // 4) + ([r % 4] if r % 4 else [])
+                _, m, s = fixed_batch_config(self.spec.batch_size, r, self.meta.init_batch_size,
+                                             self.meta.max_local_bsz)
+                step, sync = self.profile.step_time(placement, m)
+                if math.isfinite(step):
+                    steps[r] = step + s * (step - sync)
+            self._oracle_steps = steps
+        return Oracle(remaining_iterations=remaining, step_time=self._oracle_steps)
 
     # ---- the simulated agent ----------------------------------------------------------------
 
@@ -371,7 +371,6 @@ def simulate(
                      f"  active {len(active)}  gpus {gpus}")
             next_report = now + 3600.0
     results = _job_results(jobs, timeline)
-    _ = from_matrix  # re-exported for callers that build allocations by hand
     return SimResult(policy.name, workload_name, config.seed, config, results, timeline,
                      time.perf_counter() - started, decide_time, rounds)
 

@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 
 from pollux.goodput import gain
+from pollux.goodput.model import accumulation_plan, batch_candidates
 from pollux.sim.engine import JobResult, SimResult
 from pollux.sim.profiles import AppProfile
 
@@ -69,24 +70,16 @@ def packed_placement(gpus: int, gpus_per_node: int = GPUS_PER_NODE) -> list[int]
 
 def _candidates(profile: AppProfile, gpus: int) -> list[tuple[int, float]]:
     """Feasible (total batch M, iteration time) pairs on ``gpus`` packed GPUs (deduplicated by M)."""
-    meta = profile.meta
-    m0 = float(meta.init_batch_size)
-    mmax = float(meta.max_batch_size)
-    lo = math.ceil(float(meta.min_local_bsz) - 1e-9)
-    hi = math.floor(float(meta.max_local_bsz) + 1e-9)
-    low = max(m0, lo * gpus)
-    if low > mmax * (1 + 1e-9):
+    limits = profile.meta.limits(accumulation=True)
+    cands, exists = batch_candidates(gpus, limits)
+    if not exists[0]:
         return []
     placement = packed_placement(gpus)
-    cands = low * (mmax / low) ** np.linspace(0.0, 1.0, NUM_CANDIDATES)
+    _, ms, ss, within = accumulation_plan(cands[0], gpus, limits)
     step_cache: dict[int, tuple[float, float]] = {}
     out: dict[int, float] = {}
-    for cand in cands:
-        s = max(math.ceil(cand / (gpus * hi) - 1e-9) - 1, 0)
-        if gpus == 1 and cand > m0 * (1 + 1e-9):
-            s = max(s, 1)
-        m = math.ceil(cand / (gpus * (s + 1)) - 1e-9)
-        if m < lo or m > hi:
+    for m, s, ok in zip(ms.astype(int).tolist(), ss.astype(int).tolist(), within.tolist(), strict=True):
+        if not ok:
             continue
         if m not in step_cache:
             step, sync = profile.step_time(placement, m)
