@@ -11,7 +11,7 @@ install: $(STAMP)
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip==25.3 -c constraints.txt
-	$(PY) -m pip install --quiet -c constraints.txt -e '.[dev,torch,examples]'
+	$(PY) -m pip install --quiet -c constraints.txt -e '.[dev,torch,examples,cluster]'
 	touch $(STAMP)
 
 # A short comparison of Pollux, Tiresias and Optimus+Oracle on the built-in profiles and demo workload.

@@ -411,11 +411,32 @@ def init_process_group(backend: str | None = None, *, timeout: datetime.timedelt
     return env
 
 
+#: How long the replicas wait for each other at a normal exit before tearing the group down anyway.
+EXIT_BARRIER_TIMEOUT_S = 30.0
+
+
 def _destroy_at_exit() -> None:
-    """Tear the process group down before the interpreter does (gloo may abort otherwise)."""
+    """Tear the process group down before the interpreter does (gloo may abort otherwise).
+
+    At a normal exit the replicas first meet at a barrier, so that no replica destroys its end of the
+    group (rank 0 also hosts the rendezvous store) while a peer is still using it: a replica that
+    finished its work early and tore down first could make a slower peer abort in teardown ("terminate
+    called without an active exception"). After an uncaught exception (``sys.last_value`` is set
+    before ``atexit`` runs) the peers may be blocked elsewhere, so there is no barrier then.
+    """
     ctx = _CONTEXT
-    if ctx is not None and ctx.owns_process_group:
-        ctx.shutdown()
+    if ctx is None or not ctx.owns_process_group:
+        return
+    if getattr(sys, "last_value", None) is None and dist.is_initialized() and dist.get_world_size() > 1:
+        try:
+            timeout = datetime.timedelta(seconds=EXIT_BARRIER_TIMEOUT_S)
+            if dist.get_backend() == "gloo":
+                dist.monitored_barrier(timeout=timeout)
+            else:
+                dist.barrier()
+        except Exception as exc:  # a peer is gone: tear down regardless
+            logger.warning("exit barrier failed (%s); tearing the process group down anyway", exc)
+    ctx.shutdown()
 
 
 def reset_context() -> None:
