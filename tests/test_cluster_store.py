@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 import sqlite3
 import subprocess
@@ -74,7 +75,7 @@ def test_lifecycle_legal_path_and_history(store):
 @pytest.mark.parametrize("path,bad", [
     ([], "running"), ([], "succeeded"), ([], "rescaling"), (["starting"], "rescaling"),
     (["starting"], "succeeded"), (["starting", "running", "rescaling"], "succeeded"),
-    (["starting", "running", "rescaling"], "pending"), (["cancelled"], "pending"),
+    (["starting", "running", "rescaling"], "starting"), (["cancelled"], "pending"),
     (["starting", "running", "succeeded"], "running"), (["failed"], "cancelled"),
 ])
 def test_illegal_transitions_name_from_and_to(store, path, bad):
@@ -222,6 +223,26 @@ def test_migrates_empty_v0_db_and_refuses_future(tmp_path):
     conn.close()
     with pytest.raises(SchemaVersionError, match=f"schema version {SCHEMA_VERSION + 1}.*upgrade"):
         JobStore(path)
+
+
+def test_migrates_a_v1_database_keeping_its_jobs(tmp_path):
+    """A store written by schema version 1 (before failures were counted) opens with its jobs intact."""
+    from pollux.cluster.store import MIGRATIONS
+    path = tmp_path / "v1.db"
+    conn = sqlite3.connect(path)
+    for statement in MIGRATIONS[0]:
+        conn.execute(statement)
+    conn.execute("CREATE TABLE schema_version (version INTEGER NOT NULL)")
+    conn.execute("INSERT INTO schema_version VALUES (1)")
+    conn.execute("INSERT INTO jobs (id, name, spec, state, token, submit_time, restarts) "
+                 "VALUES ('old', 'old', ?, 'running', 't', 1.0, 2)", (json.dumps(SPEC),))
+    conn.commit()
+    conn.close()
+    with JobStore(path) as s:
+        assert s.schema_version == SCHEMA_VERSION >= 2
+        job = s.get_job("old")
+        assert job.state == "running" and job.restarts == 2 and job.failures == 0
+        assert s.add_failure("old") == 1 and s.get_job("old").failures == 1
 
 
 def test_list_jobs_filters_by_state(store):

@@ -10,6 +10,7 @@ endpoint but ``GET /v1/health`` and ``GET /metrics`` needs ``Authorization: Bear
 ``GET  /v1/jobs[?state=S...]``              admin; the jobs (no tokens), optionally only those in states S
 ``GET  /v1/jobs/{id}``                      admin; the job, allocation history, transitions, replicas, hints
 ``POST /v1/jobs/{id}/cancel``               admin; → cancelled (409 if already terminal)
+``GET  /v1/cluster``                        admin; nodes and GPU slots, policy, interval, rounds run
 ``GET  /v1/jobs/{id}/logs[?restart&rank]``  admin; text/plain, the replicas' log files that exist, each after
                                             a header line ``==> restart R rank K (node N) <==``
 ``PUT  /v1/jobs/{id}/hints``                admin or the job's own token (another job's token → 403); the
@@ -33,7 +34,7 @@ import json
 import math
 import secrets
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -70,6 +71,7 @@ def _job_dict(job: JobRecord, *, token: bool = False) -> dict[str, Any]:
         "submit_time": job.submit_time, "start_time": job.start_time, "end_time": job.end_time,
         "restarts": job.restarts, "failure_reason": job.failure_reason,
         "attained_service": job.attained_service, "allocation": dict(job.allocation),
+        "failures": job.failures,
     }
     if token:
         out["token"] = job.token
@@ -141,11 +143,15 @@ class _Metrics:
             self.hints_received += 1
 
 
-def create_app(store: JobStore, admin_token: str, *, log_dir: Path | None = None) -> FastAPI:
+def create_app(store: JobStore, admin_token: str, *, log_dir: Path | None = None,
+               on_change: Callable[[], None] | None = None,
+               cluster_info: Callable[[], dict[str, Any]] | None = None) -> FastAPI:
     """The service's FastAPI application over ``store``; see the module docstring.
 
     ``admin_token`` authorises every user endpoint. ``log_dir``, if given, is where relative replica
-    log paths are resolved (absolute ones are used as they are).
+    log paths are resolved (absolute ones are used as they are). ``on_change`` is called after a
+    submission or a cancellation (the service schedules a round then, instead of waiting for the
+    interval). ``cluster_info``, if given, answers ``GET /v1/cluster`` (admin): nodes, policy, rounds.
     """
     if not isinstance(admin_token, str) or not admin_token:
         raise ValueError("admin_token: expected a non-empty string")
@@ -199,6 +205,8 @@ def create_app(store: JobStore, admin_token: str, *, log_dir: Path | None = None
             head = message.split(":", 1)[0].strip()
             field = "spec" if head in ("", "spec") else f"spec.{head}"
             raise _ValidationFailure(field, f"spec.{message}" if field != "spec" else message) from exc
+        if on_change is not None:
+            on_change()
         return JSONResponse(_job_dict(job, token=True), status_code=201)
 
     @app.get("/v1/jobs", summary="List jobs (admin), optionally only those in the given states")
@@ -233,7 +241,16 @@ def create_app(store: JobStore, admin_token: str, *, log_dir: Path | None = None
             job = store.transition(job_id, "cancelled", reason="cancelled by user")
         except ValueError as exc:  # it became terminal meanwhile
             raise HTTPException(409, str(exc)) from exc
+        if on_change is not None:
+            on_change()
         return _job_dict(job)
+
+    @app.get("/v1/cluster", summary="The cluster as the service sees it (admin): nodes, policy, rounds")
+    def cluster(request: Request) -> dict[str, Any]:
+        require_admin(request)
+        if cluster_info is None:
+            raise HTTPException(404, "this service has no cluster backend")
+        return cluster_info()
 
     @app.get("/v1/jobs/{job_id}/logs", response_class=PlainTextResponse,
              summary="The job's replica logs (admin), as text")

@@ -14,7 +14,7 @@ Job lifecycle (every transition recorded in the ``transitions`` table)::
     pending → starting → running → (rescaling → running)* → succeeded | failed | cancelled
     pending | starting | running | rescaling → cancelled | failed
     starting → pending   (requeue after a failed launch)
-    running → pending    (preempted to zero GPUs)
+    running | rescaling → pending    (preempted to zero GPUs, or the service stopped)
 
 Entering ``pending`` or a terminal state clears the job's current allocation (an empty allocation is
 appended to its history when it had GPUs).
@@ -61,7 +61,7 @@ _TRANSITIONS: dict[str, frozenset[str]] = {
     "pending": frozenset({"starting", "cancelled", "failed"}),
     "starting": frozenset({"running", "pending", "cancelled", "failed"}),
     "running": frozenset({"rescaling", "succeeded", "failed", "cancelled", "pending"}),
-    "rescaling": frozenset({"running", "cancelled", "failed"}),
+    "rescaling": frozenset({"running", "pending", "cancelled", "failed"}),
     "succeeded": frozenset(),
     "failed": frozenset(),
     "cancelled": frozenset(),
@@ -123,6 +123,11 @@ MIGRATIONS: list[list[str]] = [
             end_time REAL,
             PRIMARY KEY (job_id, restart, rank)
         )""",
+    ],
+    [
+        # Version 2: failed runs are counted apart from restarts (re-allocations also restart a job),
+        # so that only failures use up the retry budget.
+        "ALTER TABLE jobs ADD COLUMN failures INTEGER NOT NULL DEFAULT 0",
     ],
 ]
 #: The schema version this code writes.
@@ -260,6 +265,7 @@ class JobRecord:
     failure_reason: str | None
     attained_service: float
     allocation: dict[str, int]
+    failures: int = 0
 
     @property
     def terminal(self) -> bool:
@@ -390,7 +396,7 @@ class JobStore:
             state=row["state"], token=row["token"], submit_time=row["submit_time"],
             start_time=row["start_time"], end_time=row["end_time"], restarts=row["restarts"],
             failure_reason=row["failure_reason"], attained_service=row["attained_service"],
-            allocation=json.loads(row["allocation"]))
+            allocation=json.loads(row["allocation"]), failures=row["failures"])
 
     # -- jobs
 
@@ -485,6 +491,13 @@ class JobStore:
             self._row(conn, job_id)
             conn.execute("UPDATE jobs SET restarts = restarts + 1 WHERE id = ?", (job_id,))
             return int(self._row(conn, job_id)["restarts"])
+
+    def add_failure(self, job_id: str) -> int:
+        """Count one more failed run of the job (a replica exited with an error); returns the count."""
+        with self._tx() as conn:
+            self._row(conn, job_id)
+            conn.execute("UPDATE jobs SET failures = failures + 1 WHERE id = ?", (job_id,))
+            return int(self._row(conn, job_id)["failures"])
 
     def add_service(self, job_id: str, gpu_seconds: float) -> float:
         """Add attained service (GPU-seconds) to the job; returns the new total."""
