@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: install demo test lint bench clean
+.PHONY: install demo demo-sim test lint bench bench-cluster clean
 
 install: $(STAMP)
 
@@ -14,8 +14,12 @@ $(STAMP): pyproject.toml constraints.txt
 	$(PY) -m pip install --quiet -c constraints.txt -e '.[dev,torch,examples,cluster]'
 	touch $(STAMP)
 
-# A short comparison of Pollux, Tiresias and Optimus+Oracle on the built-in profiles and demo workload.
+# The live demo: the service on an embedded 4-node Ray cluster runs five real training jobs.
 demo: $(STAMP)
+	$(PY) -m pollux.cluster.demo --state-dir out/demo-state
+
+# The simulator's comparison of Pollux, Tiresias and Optimus+Oracle (the demo before the live service).
+demo-sim: $(STAMP)
 	$(VENV)/bin/pollux simulate --policy pollux --policy tiresias --policy optimus --plots out/demo-plots
 
 lint: $(STAMP)
@@ -26,6 +30,9 @@ test: $(STAMP) lint
 
 bench: $(STAMP)
 	$(PY) benchmarks/goodput.py --data ../shared/data/pollux-osdi21/traces --json
+
+bench-cluster: $(STAMP)
+	$(PY) benchmarks/cluster.py --json
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache .hypothesis

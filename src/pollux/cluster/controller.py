@@ -82,6 +82,7 @@ class Group:
     exits: dict[int, int] = field(default_factory=dict)
     stop_reason: str | None = None
     stop_deadline: float | None = None
+    stop_requested_at: float | None = None
     killed: bool = False
 
     @property
@@ -260,6 +261,7 @@ class Controller:
     def _request_stop(self, group: Group, reason: str) -> None:
         group.stop_reason = reason
         group.stop_deadline = time.monotonic() + self.config.stop_grace_s
+        group.stop_requested_at = time.time()
         live = [h for h in group.handles if h.rank not in group.exits]
         self.backend.signal(live, signal.SIGTERM)
         logger.info("job %s: stopping restart %d (%s)", group.job_id, group.restart, reason)

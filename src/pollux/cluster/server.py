@@ -28,8 +28,8 @@ from typing import Any
 
 from pollux.cluster.backend import ray_env
 
-__all__ = ["ServerError", "ServerInfo", "default_state_dir", "pid_alive", "start", "status", "stop",
-           "stop_pid"]
+__all__ = ["ServerError", "ServerInfo", "connect", "default_state_dir", "pid_alive", "spawn_rayhost", "start",
+           "status", "stop", "stop_pid"]
 
 #: Where the server keeps its state unless told otherwise (``--state-dir`` or ``$POLLUX_STATE_DIR``).
 STATE_ENV = "POLLUX_STATE_DIR"
@@ -151,6 +151,24 @@ def _wait_for(path: Path, proc: subprocess.Popen, timeout_s: float, what: str, l
     raise ServerError(f"{what} did not start within {timeout_s:.0f} s; last lines of {log}:\n{_tail(log)}")
 
 
+def spawn_rayhost(state_dir: Path, nodes: int, gpus_per_node: int, timeout_s: float = 180.0,
+                  on_spawn: Any = None) -> tuple[subprocess.Popen, str]:
+    """Start an embedded Ray cluster's host process; returns it and the cluster's address.
+
+    Its output goes to ``state_dir/rayhost.log`` and its address to ``state_dir/ray.json``; stop it
+    with :func:`stop_pid` (SIGTERM shuts the cluster down).
+    """
+    state = Path(state_dir)
+    (state / "ray.json").unlink(missing_ok=True)
+    log = state / "rayhost.log"
+    host = _spawn([sys.executable, "-m", "pollux.cluster.rayhost", "--info", str(state / "ray.json"),
+                   "--nodes", str(nodes), "--gpus-per-node", str(gpus_per_node)], log,
+                  {**os.environ, **ray_env()})
+    if on_spawn is not None:
+        on_spawn(host.pid)
+    return host, _wait_for(state / "ray.json", host, timeout_s, "the Ray host", log)["address"]
+
+
 def start(state_dir: Path, *, ray_address: str | None = None, local_nodes: int = 4, gpus_per_node: int = 2,
           policy: str = "pollux", interval_s: float = 60.0, port: int = 0, stop_grace_s: float = 60.0,
           max_retries: int = 3, seed: int = 0, timeout_s: float = 180.0,
@@ -178,12 +196,10 @@ def start(state_dir: Path, *, ray_address: str | None = None, local_nodes: int =
             stop_pid(rayhost_pid, 30)
         (state / "ray.json").unlink(missing_ok=True)
         say(f"starting an embedded Ray cluster: {local_nodes} node(s) x {gpus_per_node} GPU slot(s)")
-        log = state / "rayhost.log"
-        host = _spawn([sys.executable, "-m", "pollux.cluster.rayhost", "--info", str(state / "ray.json"),
-                       "--nodes", str(local_nodes), "--gpus-per-node", str(gpus_per_node)], log, env)
+        host, address = spawn_rayhost(state, local_nodes, gpus_per_node, timeout_s,
+                                      on_spawn=lambda pid: _write_server_json(
+                                          state, {"rayhost_pid": pid, "embedded": True}))
         rayhost_pid = host.pid
-        _write_server_json(state, {"rayhost_pid": rayhost_pid, "embedded": True})
-        address = _wait_for(state / "ray.json", host, timeout_s, "the Ray host", log)["address"]
     (state / "service.json").unlink(missing_ok=True)
     say(f"starting the service (policy {policy}, rounds every {interval_s:g} s)")
     log = state / "service.log"

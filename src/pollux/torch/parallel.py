@@ -666,6 +666,7 @@ class AdaptiveDataParallel(DistributedDataParallel):
         self.scaling_rule: ScalingRule = scaling_rule or scaling_rule_for(type(optimizer).__name__)
         self._progress = 0.0
         self._steps = 0
+        self._logged_first_step = False
         self._lr_factor = 1.0
         self._inject_ooms = 0
         device = next((p.device for p in module.parameters()), torch.device("cpu"))
@@ -850,6 +851,11 @@ class AdaptiveDataParallel(DistributedDataParallel):
         self.optimizer._opt_called = True      # what torch's LR schedulers check (see __init__)
         self._lr_factor = factor
         self._steps += 1
+        if not self._logged_first_step:
+            # One line per run: when this replica trains again after a (re)start; the scheduler's
+            # benchmark of re-allocation delays reads it, and so can a person reading the logs.
+            self._logged_first_step = True
+            logger.info("first optimizer step of this run done (rank %d of %d)", ctx.rank, ctx.replicas)
         self._progress += float(gain(info.nominal_scale, stats.sqr, stats.var)) * info.fraction
         self._tracker.after_optimizer_step()
         if not info.managed:
