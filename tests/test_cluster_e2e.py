@@ -281,3 +281,39 @@ def test_cancel_stops_replicas_and_graceful_stop_preempts_to_pending(service):
         assert store.get_job(drop).state == "cancelled"
     assert any(p.name.startswith("checkpoint-") for p in (svc.state / "checkpoints" / keep).iterdir())
     assert math.isfinite(job.attained_service) and job.attained_service > 0
+
+
+def test_lost_node_leaves_the_next_round_and_its_job_carries_on(ray_cluster, tmp_path):
+    """A node leaving the Ray cluster: its replica dies, the job restarts on what is left."""
+    before = ray_pids()
+    host, address = server.spawn_rayhost(tmp_path, 2, 1, timeout_s=120)
+    svc = None
+    try:
+        svc = Service(tmp_path / "state", address)
+        jid = svc.submit(400, "survivor", min_replicas=2, max_replicas=2)
+        svc.wait([jid], lambda j: j["state"] == "running" and len(j["allocation"]) == 2, 120,
+                 "the job on both nodes")
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and not svc.epochs_logged(jid):
+            time.sleep(0.2)
+        # The spec's min_replicas no longer fits on one node; let the policy shrink the job.
+        os.kill(host.pid, signal.SIGUSR1)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and svc.client.get("/v1/cluster").json()["total_gpus"] != 1:
+            time.sleep(0.5)
+        assert svc.client.get("/v1/cluster").json()["total_gpus"] == 1
+        svc.wait([jid], lambda j: j["failures"] >= 1, 60, "the lost replica to be noticed")
+        job = svc.job(jid)
+        assert "exited with code" in (job["failure_reason"] or "") or job["state"] != "failed"
+        # With min_replicas 2 and one GPU left, the job waits pending rather than failing.
+        svc.wait([jid], lambda j: j["state"] == "pending" and not j["allocation"], 60, "the job to wait")
+    finally:
+        if svc is not None:
+            svc.stop()
+            pids = svc.recorded_pids()
+            assert not [p for p in pids if server.pid_alive(p)]
+        server.stop_pid(host.pid, 60)
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline and ray_pids() - before:
+        time.sleep(0.2)
+    assert not (ray_pids() - before)

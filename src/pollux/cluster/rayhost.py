@@ -6,7 +6,8 @@ alone. ``python -m pollux.cluster.rayhost --info FILE --nodes N --gpus-per-node 
 nodes on 127.0.0.1 (``ray.cluster_utils.Cluster``; the first is the head), each declaring G GPU slots
 and a resource ``pollux-node-node-<i>`` that names it, writes ``{"address", "pid", "nodes",
 "gpus_per_node"}`` to FILE (atomically) once every node is up, and then waits. SIGTERM or SIGINT shut
-the cluster down (every actor and replica process on it with it) and remove FILE.
+the cluster down (every actor and replica process on it with it) and remove FILE. SIGUSR1 removes
+a worker node, as if that machine were lost (for tests of node loss; the head stays).
 """
 
 from __future__ import annotations
@@ -44,8 +45,10 @@ def main(argv: list[str] | None = None) -> int:
     from ray.cluster_utils import Cluster
 
     stop = threading.Event()
+    lose = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())
+    signal.signal(signal.SIGUSR1, lambda *_: lose.set())
     started = time.perf_counter()
 
     def node_args(i: int) -> dict:
@@ -62,8 +65,14 @@ def main(argv: list[str] | None = None) -> int:
                                       "gpus_per_node": args.gpus_per_node})
         print(f"pollux rayhost: {args.nodes} node(s) x {args.gpus_per_node} GPU slot(s) at {cluster.address} "
               f"in {time.perf_counter() - started:.1f} s", flush=True)
-        while not stop.wait(1.0):
-            pass
+        workers = list(cluster.worker_nodes)
+        while not stop.wait(0.2):
+            if lose.is_set():
+                lose.clear()
+                if workers:
+                    node = workers.pop()
+                    cluster.remove_node(node, allow_graceful=False)
+                    print(f"pollux rayhost: removed a worker node ({len(workers) + 1} left)", flush=True)
     finally:
         cluster.shutdown()
         try:
