@@ -193,6 +193,7 @@ def test_api_rejects_missing_token_malformed_spec_and_nan_hints(service):
     r = bare.put(f"/v1/jobs/{job['id']}/hints", content=text,
                  headers={"Authorization": f"Bearer {job['token']}", "Content-Type": "application/json"})
     assert r.status_code == 422 and r.json()["field"] == "grad.sqr", r.text
+    assert bare.get("/openapi.json").json()["paths"]["/v1/jobs"]
     bare.close()
     cluster = svc.client.get("/v1/cluster").json()
     assert cluster["total_gpus"] == 6 and len(cluster["nodes"]) == 3 and cluster["policy"] == "pollux"
@@ -272,8 +273,17 @@ def test_cancel_stops_replicas_and_graceful_stop_preempts_to_pending(service):
     while time.monotonic() < deadline and not svc.epochs_logged(keep):
         time.sleep(0.2)
     running = [r["pid"] for r in svc.job(keep)["replicas"] if r["exit_code"] is None]
-    svc.stop()                                 # graceful: the running job checkpoints and waits
-    assert not any(server.pid_alive(p) for p in running)
+    pollux = [sys.executable, "-m", "pollux.cli"]
+    status = subprocess.run([*pollux, "server", "status", "--json", "--state-dir", str(svc.state)],
+                            capture_output=True, text=True, timeout=60)
+    assert status.returncode == 0, status.stderr
+    assert json.loads(status.stdout)["jobs"] == {"running": 1, "cancelled": 1}
+    svc.client.close()
+    stopped = subprocess.run([*pollux, "server", "stop", "--state-dir", str(svc.state)],
+                             capture_output=True, text=True, timeout=180)
+    assert stopped.returncode == 0, stopped.stderr
+    assert not any(server.pid_alive(p) for p in running)   # graceful: the job checkpointed and exited
+    assert not server.pid_alive(svc.info.service_pid)
     with JobStore(svc.state / "jobs.db") as store:
         job = store.get_job(keep)
         assert job.state == "pending" and job.allocation == {}
