@@ -75,6 +75,18 @@ def check_batch_sizes(out: dict, max_batch: int = 512) -> None:
     assert all(a != b for a, b in itertools.pairwise(sizes)), sizes   # distinct neighbours
 
 
+def check_progress(out: dict, epochs: int) -> None:
+    """An epoch is N/M0 steps of progress, whatever the batch size was.
+
+    An epoch ends at the first step whose progress reaches ``(epoch + 1)·N/M0``, so the total can
+    overshoot by the progress of the last step, which is at most its batch over M0 (gain ≤ scale).
+    """
+    target = epochs * N_TRAIN / M0
+    largest = max(out["batch_sizes"])
+    assert target * 0.999 <= out["progress"] <= target + largest / M0 + 1e-6, \
+        (out["progress"], target, largest)
+
+
 def test_digits_default_run_alone_reaches_95_percent():
     """The full default run (30 epochs, adaptive batch) alone: ≥ 95 % test accuracy."""
     start = time.monotonic()
@@ -83,8 +95,7 @@ def test_digits_default_run_alone_reaches_95_percent():
     assert out["replicas"] == 1 and out["epochs"] == 30
     assert out["test_accuracy"] >= 0.95, out
     check_batch_sizes(out)
-    # An epoch is N/M0 steps of progress, whatever the batch size was.
-    assert out["progress"] == pytest.approx(30 * N_TRAIN / M0, rel=0.01)
+    check_progress(out, 30)
     assert time.monotonic() - start < 120
 
 
@@ -100,7 +111,7 @@ def test_digits_torchrun_grows_the_batch_with_logged_gains():
     changes = [(int(a), int(b), float(g)) for a, b, g in CHANGE.findall(proc.stderr)]
     assert [(a, b) for a, b, _ in changes] == list(itertools.pairwise(sizes)), proc.stderr[-3000:]
     assert all(g >= 5.0 for _, _, g in changes), changes
-    assert out["progress"] == pytest.approx(12 * N_TRAIN / M0, rel=0.01)
+    check_progress(out, 12)
 
 
 def test_digits_sigterm_checkpoints_and_resumes_on_two_replicas(tmp_path):
@@ -131,7 +142,7 @@ def test_digits_sigterm_checkpoints_and_resumes_on_two_replicas(tmp_path):
     assert out["replicas"] == 2 and out["epochs"] == 8 and out["runs"] == 2
     assert out["test_accuracy"] >= 0.9, out
     check_batch_sizes(out)
-    assert out["progress"] == pytest.approx(8 * N_TRAIN / M0, rel=0.01)
+    check_progress(out, 8)
 
     again = run([sys.executable, str(TRAIN), "--epochs", "8"], env=env)     # finished: just reports
     out2 = result_line(again.stdout)
