@@ -56,3 +56,15 @@ def test_missing_column_and_file(tmp_path):
     empty = write(tmp_path, "")
     with pytest.raises(ValueError, match="no jobs"):
         read_workload(empty)
+
+
+def test_rows_are_checked_like_every_simulator_csv(tmp_path):
+    """Workloads share the profile and trace reader: field counts, encoding and true line numbers."""
+    with pytest.raises(ValueError, match=r"w\.csv:2: expected 5 fields, got 3"):
+        read_workload(write(tmp_path, "a,0,ncf\n"))
+    with pytest.raises(ValueError, match=r"w\.csv:4: field 'time'"):      # blank lines still count
+        read_workload(write(tmp_path, "a,0,ncf,1,128\n\nb,soon,ncf,1,128\n"))
+    latin = tmp_path / "latin.csv"
+    latin.write_bytes(b"name,time,application,num_replicas,batch_size\n\xe9,0,ncf,1,128\n")
+    with pytest.raises(ValueError, match=r"latin\.csv: not UTF-8 text"):
+        read_workload(latin)

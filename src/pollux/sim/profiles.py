@@ -35,7 +35,6 @@ Decisions beyond the format:
 from __future__ import annotations
 
 import bisect
-import csv
 import json
 import math
 import re
@@ -50,6 +49,7 @@ from scipy.interpolate import LinearNDInterpolator
 from scipy.spatial import QhullError
 
 from pollux.goodput import BatchLimits, GradStats, ScalingRule, scaling_rule_for
+from pollux.sim.csvrows import read_rows
 
 __all__ = [
     "AppMeta",
@@ -513,40 +513,6 @@ def _build_interpolator(nodes, replicas, lbs, step, sync) -> LinearNDInterpolato
 # Reading the files
 
 
-def _read_csv(path: Path, columns: Sequence[str]) -> tuple[list[str], list[tuple[int, list[str]]]]:
-    """Header-checked rows of a CSV file as (line number, fields), blank lines skipped."""
-    if not path.is_file():
-        raise FileNotFoundError(f"{path}: profile file not found")
-    rows: list[tuple[int, list[str]]] = []
-    try:
-        with path.open(newline="", encoding="utf-8-sig") as f:
-            reader = csv.reader(f)
-            try:
-                header = next(reader, None)
-                if header is None:
-                    raise ValueError(f"{path}: empty file, expected header {','.join(columns)}")
-                header = [h.strip() for h in header]
-                missing = [c for c in columns if c not in header]
-                if missing:
-                    raise ValueError(f"{path}, line 1: missing column(s) {', '.join(missing)}")
-                for fields_ in reader:
-                    if not any(x.strip() for x in fields_):
-                        continue
-                    if len(fields_) != len(header):
-                        raise ValueError(
-                            f"{path}, line {reader.line_num}: expected {len(header)} fields, "
-                            f"got {len(fields_)}"
-                        )
-                    rows.append((reader.line_num, fields_))
-            except csv.Error as exc:
-                raise ValueError(f"{path}, line {reader.line_num}: malformed CSV: {exc}") from None
-    except UnicodeDecodeError:
-        raise ValueError(f"{path}: not UTF-8 text") from None
-    if not rows:
-        raise ValueError(f"{path}: no data rows")
-    return header, rows
-
-
 def _number(
     path: Path,
     line: int,
@@ -574,8 +540,8 @@ def _number(
 
 
 def _columns(path: Path, columns: Sequence[str], specs: dict[str, dict]) -> dict[str, list]:
-    header, rows = _read_csv(path, columns)
-    index = {c: header.index(c) for c in columns}
+    index, rows = read_rows(path, columns, kind="profile", loc=lambda n: f"{path}, line {n}",
+                            missing_message="profile file not found")
     out: dict[str, list] = {c: [] for c in columns}
     out["_line"] = []
     for line, row in rows:

@@ -12,6 +12,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
+from pollux.sim.csvrows import read_rows
+
 COLUMNS = ("name", "time", "application", "num_replicas", "batch_size")
 
 
@@ -37,41 +39,34 @@ def _int_field(path: Path, line: int, field: str, text: str, minimum: int = 1) -
 def read_workload(path: Path | str, applications: Iterable[str] | None = None) -> list[WorkloadJob]:
     """Read a workload CSV; errors name the file, line and field. Jobs come back sorted by time."""
     path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"{path}: no such workload file")
+    idx, rows = read_rows(path, COLUMNS, kind="workload", loc=lambda n: f"{path}:{n}",
+                          empty_message="no jobs")
     known = set(applications) if applications is not None else None
     jobs: list[WorkloadJob] = []
     names: set[str] = set()
-    with path.open(newline="") as fh:
-        reader = csv.DictReader(fh)
-        missing = [c for c in COLUMNS if c not in (reader.fieldnames or [])]
-        if missing:
-            raise ValueError(f"{path}:1: missing column(s) {', '.join(missing)}")
-        for i, row in enumerate(reader):
-            line = i + 2
-            name = (row["name"] or "").strip()
-            if not name:
-                raise ValueError(f"{path}:{line}: field 'name': empty")
-            if name in names:
-                raise ValueError(f"{path}:{line}: field 'name': duplicate job name {name!r}")
-            names.add(name)
-            try:
-                submit = float(row["time"])
-            except (TypeError, ValueError):
-                raise ValueError(f"{path}:{line}: field 'time': not a number: {row['time']!r}") from None
-            if not math.isfinite(submit) or submit < 0:
-                raise ValueError(f"{path}:{line}: field 'time': must be finite and >= 0, got {row['time']!r}")
-            app = (row["application"] or "").strip()
-            if known is not None and app not in known:
-                raise ValueError(f"{path}:{line}: field 'application': unknown application {app!r} "
-                                 f"(profiles: {', '.join(sorted(known))})")
-            jobs.append(WorkloadJob(
-                name=name, submit_time=submit, application=app,
-                num_replicas=_int_field(path, line, "num_replicas", row["num_replicas"]),
-                batch_size=_int_field(path, line, "batch_size", row["batch_size"]),
-            ))
-    if not jobs:
-        raise ValueError(f"{path}: no jobs")
+    for line, fields in rows:
+        row = {c: fields[i] for c, i in idx.items()}
+        name = row["name"].strip()
+        if not name:
+            raise ValueError(f"{path}:{line}: field 'name': empty")
+        if name in names:
+            raise ValueError(f"{path}:{line}: field 'name': duplicate job name {name!r}")
+        names.add(name)
+        try:
+            submit = float(row["time"])
+        except ValueError:
+            raise ValueError(f"{path}:{line}: field 'time': not a number: {row['time']!r}") from None
+        if not math.isfinite(submit) or submit < 0:
+            raise ValueError(f"{path}:{line}: field 'time': must be finite and >= 0, got {row['time']!r}")
+        app = row["application"].strip()
+        if known is not None and app not in known:
+            raise ValueError(f"{path}:{line}: field 'application': unknown application {app!r} "
+                             f"(profiles: {', '.join(sorted(known))})")
+        jobs.append(WorkloadJob(
+            name=name, submit_time=submit, application=app,
+            num_replicas=_int_field(path, line, "num_replicas", row["num_replicas"]),
+            batch_size=_int_field(path, line, "batch_size", row["batch_size"]),
+        ))
     jobs.sort(key=lambda j: (j.submit_time, j.name))
     return jobs
 

@@ -50,7 +50,6 @@ Errors in the trace are ``ValueError``s naming the file, the line and the field.
 
 from __future__ import annotations
 
-import csv
 import math
 import re
 from collections.abc import Iterable, Sequence
@@ -61,6 +60,7 @@ from pathlib import Path
 import numpy as np
 
 from pollux.goodput import gain
+from pollux.sim.csvrows import read_rows
 from pollux.sim.engine import fixed_batch_config
 from pollux.sim.profiles import AppProfile
 from pollux.sim.report import packed_placement
@@ -156,42 +156,15 @@ def _timestamp(path: Path, line: int, text: str) -> datetime:
 def read_trace(path: Path | str) -> list[TraceJob]:
     """Every row of a Philly-format trace, validated; errors name the file, line and field."""
     path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"{path}: no such trace file")
-    jobs: list[TraceJob] = []
-    try:
-        with path.open(newline="", encoding="utf-8-sig") as fh:
-            reader = csv.reader(fh)
-            try:
-                header = next(reader, None)
-                if header is None:
-                    raise ValueError(f"{path}: empty file, expected header {','.join(TRACE_COLUMNS)}")
-                header = [h.strip() for h in header]
-                missing = [c for c in TRACE_COLUMNS if c not in header]
-                if missing:
-                    raise ValueError(f"{path}:1: missing column(s) {', '.join(missing)}")
-                idx = {c: header.index(c) for c in TRACE_COLUMNS}
-                for row in reader:
-                    line = reader.line_num
-                    if not any(x.strip() for x in row):
-                        continue
-                    if len(row) != len(header):
-                        raise ValueError(f"{path}:{line}: expected {len(header)} fields, got {len(row)}")
-                    jobs.append(TraceJob(
-                        line=line,
-                        timestamp=_timestamp(path, line, row[idx["timestamp"]]),
-                        duration=_trace_number(path, line, "duration", row[idx["duration"]]),
-                        num_gpus=int(_trace_number(path, line, "num_gpus", row[idx["num_gpus"]],
-                                                   integer=True, minimum=1)),
-                        gpu_time=_trace_number(path, line, "gpu_time", row[idx["gpu_time"]]),
-                    ))
-            except csv.Error as exc:
-                raise ValueError(f"{path}:{reader.line_num}: malformed CSV: {exc}") from None
-    except UnicodeDecodeError:
-        raise ValueError(f"{path}: not UTF-8 text") from None
-    if not jobs:
-        raise ValueError(f"{path}: no jobs")
-    return jobs
+    idx, rows = read_rows(path, TRACE_COLUMNS, kind="trace", loc=lambda n: f"{path}:{n}",
+                          empty_message="no jobs")
+    return [TraceJob(line=line,
+                     timestamp=_timestamp(path, line, row[idx["timestamp"]]),
+                     duration=_trace_number(path, line, "duration", row[idx["duration"]]),
+                     num_gpus=int(_trace_number(path, line, "num_gpus", row[idx["num_gpus"]],
+                                                integer=True, minimum=1)),
+                     gpu_time=_trace_number(path, line, "gpu_time", row[idx["gpu_time"]]))
+            for line, row in rows]
 
 
 def filter_trace(jobs: Iterable[TraceJob], *, window: tuple[int, int] = WINDOW,
