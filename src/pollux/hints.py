@@ -38,6 +38,9 @@ HINTS_VERSION = 1
 SCHEMA_PATH: Path = Path(__file__).resolve().parent / "schemas" / "hints-v1.json"
 #: Path of the hints endpoint under the service URL; format with a URL-quoted job id.
 HINTS_ENDPOINT = "/v1/jobs/{job_id}/hints"
+#: Exit status of a replica that checkpointed after SIGTERM: "preempted, resume me" (SPEC §8). The
+#: agent exits with it; the service reads it as a preemption, not a failure.
+PREEMPTED_EXIT_CODE = 143
 
 _INTEGER_FIELDS = ("init_batch_size", "max_batch_size", "max_replicas_seen", "epoch")
 _THROUGHPUT_FIELDS = ("alpha_grad", "beta_grad", "alpha_local", "beta_local", "alpha_node", "beta_node",

@@ -33,8 +33,6 @@ __all__ = ["NAMESPACE", "NODE_RESOURCE_PREFIX", "NodeInfo", "RayBackend", "Repli
 NAMESPACE = "pollux"
 #: A node declaring the custom resource ``pollux-node-<name>`` is called ``<name>``.
 NODE_RESOURCE_PREFIX = "pollux-node-"
-#: Exit code the agent uses after a checkpoint requested by SIGTERM.
-PREEMPTED_EXIT_CODE = 143
 
 
 def ray_env() -> dict[str, str]:

@@ -32,7 +32,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from pollux.cluster.backend import (
-    PREEMPTED_EXIT_CODE,
     NodeInfo,
     RayBackend,
     ReplicaHandle,
@@ -41,6 +40,7 @@ from pollux.cluster.backend import (
 )
 from pollux.cluster.scheduler import Scheduler
 from pollux.cluster.store import ACTIVE_STATES, JobRecord, JobSpec, JobStore
+from pollux.hints import PREEMPTED_EXIT_CODE
 from pollux.policy.base import Cluster
 
 logger = logging.getLogger("pollux.cluster")
@@ -84,6 +84,7 @@ class Group:
     stop_deadline: float | None = None
     stop_requested_at: float | None = None
     killed: bool = False
+    accounted: float | None = None     # until when its GPU time was added to the job's service
 
     @property
     def stopping(self) -> bool:
@@ -121,7 +122,6 @@ class Controller:
         self.groups: dict[str, Group] = {}
         self.nodes: list[NodeInfo] = []
         self._next_round = 0.0
-        self._last_service = time.time()
         self.rounds = 0
         self.lock = threading.Lock()
 
@@ -160,12 +160,16 @@ class Controller:
             logger.info("round %d (%s): %d job(s), %d changed, %.3f s", self.rounds, result.policy,
                         result.num_jobs, len(result.changed), result.duration_s)
 
-    def _account_service(self, now: float) -> None:
-        dt = max(now - self._last_service, 0.0)
-        self._last_service = now
-        for g in self.groups.values():
-            if not g.stopping:
-                self.store.add_service(g.job_id, dt * sum(g.placement.values()))
+    def _account(self, group: Group, now: float) -> None:
+        """Add the GPU-seconds the group held since it was last accounted to its job's service.
+
+        Done before every round (the policies read attained service) and when the group is asked
+        to stop, not every tick, so the store is not written twice a second per running job.
+        """
+        start = group.accounted if group.accounted is not None else group.started
+        group.accounted = max(now, start)
+        if now > start:
+            self.store.add_service(group.job_id, (now - start) * sum(group.placement.values()))
 
     # ------------------------------------------------------------------ the tick
 
@@ -174,8 +178,10 @@ class Controller:
         with self.lock:
             if now >= self._next_round:
                 self._next_round = now + self.config.interval_s
+                for g in self.groups.values():
+                    if not g.stopping:
+                        self._account(g, now)
                 self.run_round(now)
-            self._account_service(now)
             active = {j.id: j for j in self.store.list_jobs(ACTIVE_STATES)}
             for jid in sorted(set(active) | set(self.groups)):
                 job = active.get(jid) or self.store.get_job(jid)
@@ -259,6 +265,7 @@ class Controller:
     # ------------------------------------------------------------------ stopping and exits
 
     def _request_stop(self, group: Group, reason: str) -> None:
+        self._account(group, time.time())
         group.stop_reason = reason
         group.stop_deadline = time.monotonic() + self.config.stop_grace_s
         group.stop_requested_at = time.time()
@@ -290,6 +297,7 @@ class Controller:
             return
         failed = {r: c for r, c in group.exits.items() if c != 0}
         if not running and not failed:
+            self._account(group, now)
             self._end(group)
             self.store.transition(job.id, "succeeded", reason="all replicas exited 0", now=now)
             logger.info("job %s: succeeded", job.id)
@@ -343,8 +351,10 @@ class Controller:
             if len(live) == len(reps):
                 for h, r in zip(live, reps, strict=True):
                     h.pid = r.pid
+                # The previous life of the service accounted this run's GPU time up to some point
+                # before it died; count from now rather than twice.
                 group = Group(job.id, job.restarts, _placement_of([r.node for r in reps]), live,
-                              started=min(r.start_time for r in reps))
+                              started=min(r.start_time for r in reps), accounted=time.time())
                 for r in reps:
                     if r.exit_code is not None:
                         group.exits[r.rank] = int(r.exit_code)

@@ -30,6 +30,7 @@ import torch
 import torch.distributed as dist
 
 from pollux.goodput import ThroughputParams
+from pollux.hints import PREEMPTED_EXIT_CODE
 from pollux.torch.checkpoint import CheckpointStore, StateRegistry
 from pollux.torch.env import AgentEnv, read_env
 from pollux.torch.profiling import PeriodicFitter, StepProfiler
@@ -38,7 +39,7 @@ from pollux.torch.reporting import HintReporter
 logger = logging.getLogger("pollux.torch")
 
 #: Exit status after a checkpoint requested by SIGTERM: "preempted, resume me" (SPEC §8).
-PREEMPT_EXIT_CODE = 143
+PREEMPT_EXIT_CODE = PREEMPTED_EXIT_CODE   # the agent–service contract, kept in pollux.hints
 #: Seconds between refits of the throughput model (and hint reports), SPEC §3.
 REFIT_INTERVAL_S = 30.0
 #: Fault injection for tests: forward passes with a local batch above this raise a synthetic OOM.
