@@ -48,6 +48,15 @@ ENV_FAULT_OOM_ABOVE = "POLLUX_FAULT_OOM_ABOVE"
 ENV_REFIT_INTERVAL = "POLLUX_REFIT_INTERVAL_S"
 #: File in the checkpoint directory noting the local batch bound after a fatal out-of-memory error.
 OOM_NOTE = "pollux-oom.json"
+#: Fault injection for tests: ``MOMENT:N[,MOMENT:N...]`` sends this process SIGTERM at the N-th (1-based)
+#: time it passes the named moment (see :data:`FAULT_MOMENTS`); ``POLLUX_FAULT_SIGTERM_RANK`` picks the
+#: rank (default 0).
+ENV_FAULT_SIGTERM = "POLLUX_FAULT_SIGTERM"
+ENV_FAULT_SIGTERM_RANK = "POLLUX_FAULT_SIGTERM_RANK"
+#: The moments at which a SIGTERM can be injected: inside a step (before a micro-step's forward
+#: pass), during a checkpoint save, right after a batch-size change, during the step that ends an
+#: epoch, and during a refit (between the fit and the decision).
+FAULT_MOMENTS = ("step", "save", "change", "epoch_end", "refit")
 
 
 def is_oom(exc: BaseException) -> bool:
@@ -65,6 +74,8 @@ class StepInfo:
     ``scale`` is the trained batch over M0, ``nominal_scale`` the configured batch over M0 (they
     differ only for the tail step of a pass), ``fraction`` the share of a full step's progress the step
     is worth. ``micro`` is the index of the micro-step whose batch the user holds.
+    ``micro_sizes`` are this replica's micro-batch sizes; ``probe`` marks a single-replica step split
+    in two micro-batches to measure unbiased gradient statistics (same update as the unsplit step).
     """
 
     sid: int
@@ -82,6 +93,8 @@ class StepInfo:
     skipped: bool = False
     scaler_scale: float = 1.0
     finished: bool = False
+    micro_sizes: tuple[int, ...] = ()
+    probe: bool = False
 
     @property
     def final(self) -> bool:
@@ -163,6 +176,12 @@ class AgentContext:
         above = os.environ.get(ENV_FAULT_OOM_ABOVE, "").strip()
         self.fault_oom_above: int | None = int(above) if above else None
         self._prev_excepthook: Any = None
+        #: Called on every replica (in the same order) before each checkpoint save; they may run
+        #: collectives, e.g. to fold per-replica metrics into rank 0's state (see ``Accumulator``).
+        self.before_save: list[Any] = []
+        self._faults = _parse_faults(os.environ.get(ENV_FAULT_SIGTERM, ""))
+        self._fault_rank = int(os.environ.get(ENV_FAULT_SIGTERM_RANK, "0") or 0)
+        self._fault_counts: dict[str, int] = {}
         if env.checkpointing:
             self._install_sigterm_handler()
             self._install_excepthook()
@@ -260,6 +279,16 @@ class AgentContext:
             self._handler_installed = False
         self.reporter.close(flush=True, timeout=2.0)
 
+    def fault_point(self, moment: str) -> None:
+        """Fault injection (tests): send this process SIGTERM at the configured passage of ``moment``."""
+        if not self._faults or moment not in self._faults:
+            return
+        count = self._fault_counts.get(moment, 0) + 1
+        self._fault_counts[moment] = count
+        if count in self._faults[moment] and self.rank == self._fault_rank:
+            logger.warning("fault injection: SIGTERM at %s #%d (rank %d)", moment, count, self.rank)
+            os.kill(os.getpid(), signal.SIGTERM)
+
     # ---------------------------------------------------------------- steps
 
     def new_sid(self) -> int:
@@ -316,9 +345,17 @@ class AgentContext:
     # ---------------------------------------------------------------- checkpoints
 
     def save_checkpoint(self, reason: str) -> None:
-        """Rank 0 saves every registered state (no-op without a checkpoint directory)."""
-        if not self.registry.enabled or self.rank != 0:
+        """Rank 0 saves every registered state (no-op without a checkpoint directory).
+
+        Called on every replica: the ``before_save`` hooks run everywhere first.
+        """
+        if not self.registry.enabled:
             return
+        for hook in self.before_save:
+            hook()
+        if self.rank != 0:
+            return
+        self.fault_point("save")
         self.registry.save({"reason": reason, "epoch": self.epoch_state.epoch,
                             "replicas": self.replicas, "restarts": self.env.restarts})
 
@@ -357,6 +394,20 @@ class AgentContext:
         self.save_checkpoint("epoch")
         if preempt:
             self.preempt()
+
+
+def _parse_faults(text: str) -> dict[str, set[int]]:
+    """``"save:2,step:7"`` → ``{"save": {2}, "step": {7}}``; a bad entry is an error naming it."""
+    out: dict[str, set[int]] = {}
+    for item in (t.strip() for t in text.split(",")):
+        if not item:
+            continue
+        moment, _, count = item.partition(":")
+        if moment not in FAULT_MOMENTS or not count.strip().isdigit() or int(count) < 1:
+            raise ValueError(f"{ENV_FAULT_SIGTERM}: bad entry {item!r}; expected MOMENT:N with MOMENT one "
+                             f"of {', '.join(FAULT_MOMENTS)} and N >= 1")
+        out.setdefault(moment, set()).add(int(count))
+    return out
 
 
 _CONTEXT: AgentContext | None = None

@@ -9,9 +9,21 @@ final micro-step. Between steps it records step times, applies what the replicas
 out-of-memory recovery, SIGTERM) and moves the global sample index.
 
 Batch configuration: rank 0 chooses the local batch m and accumulation steps s — from the fitted
-goodput model once a throughput fit exists (re-optimised at every refit, about every 30 s, switching
-only for a predicted gain above 5 %), else the smallest configuration that reaches M0 — and
-broadcasts it. Every change is logged on the ``pollux.torch`` logger with the predicted gain.
+goodput model once a throughput fit exists and the gradient statistics are unbiased and numerous
+enough (re-optimised at every refit, about every 30 s, within the guards of
+:mod:`pollux.torch.decisions`), else the smallest configuration that reaches M0 — and broadcasts it.
+Every change is logged on the ``pollux.torch`` logger with its evidence.
+
+Probe steps: one replica without accumulation cannot measure unbiased gradient statistics from a
+single gradient per step. While the batch is adaptive, such a replica splits some steps in two
+micro-batches (every step until ``2 × MIN_UNBIASED`` unbiased estimates exist, then every
+``PROBE_EVERY``-th): the update is the same (the mean gradient over the same examples), and the two
+halves give an unbiased two-sample estimate. Their timings are profiled as the configuration they
+are (local batch m/2 with one accumulation step), which also gives the throughput fit a second local
+batch size.
+
+Preemption: a SIGTERM agreed on the step that completes an epoch is honoured when the epoch ends
+(after the user's end-of-epoch code), so a resumed job never re-enters an epoch with no data left.
 """
 
 from __future__ import annotations
@@ -25,16 +37,55 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader, Dataset, IterableDataset
 
-from pollux.goodput import BatchLimits, GoodputModel, optimize, should_switch
+from pollux.goodput import BatchLimits
 from pollux.hints import build_hints
+from pollux.torch import decisions
 from pollux.torch.context import AgentContext, StepInfo, get_context
+from pollux.torch.decisions import DecisionRecord, batch_of
 from pollux.torch.sampler import ElasticSampler
 
 logger = logging.getLogger("pollux.torch")
 
 #: After an out-of-memory error the upper local batch bound becomes ``floor(m × OOM_BACKOFF)``.
 OOM_BACKOFF = 0.75
+#: After the first ``2 × MIN_UNBIASED`` unbiased estimates, one single-replica step in this many is a probe.
+PROBE_EVERY = 4
 _REJECTED_KWARGS = ("sampler", "batch_sampler", "drop_last", "batch_size")
+
+
+def split_batch(batch: Any, size: int) -> tuple[Any, Any] | None:
+    """Split a collated batch of ``size`` examples into two halves along the first dimension.
+
+    Tensors and lists/tuples of per-example values whose first dimension is ``size`` are split;
+    None when some part of the batch cannot be split that way (then the step is not a probe).
+    """
+    half = size // 2
+    ok = [True]
+
+    def cut(x: Any, first: bool) -> Any:
+        if isinstance(x, torch.Tensor):
+            if x.dim() >= 1 and x.shape[0] == size:
+                return x[:half] if first else x[half:]
+            ok[0] = False
+            return x
+        if isinstance(x, tuple) and hasattr(x, "_fields"):
+            return type(x)(*(cut(v, first) for v in x))
+        if isinstance(x, dict):
+            return type(x)((k, cut(v, first)) for k, v in x.items())
+        if isinstance(x, list | tuple):
+            if x and all(not isinstance(v, torch.Tensor | list | tuple | dict) for v in x):
+                if len(x) != size:
+                    ok[0] = False
+                    return x
+                return type(x)(x[:half] if first else x[half:])
+            return type(x)(cut(v, first) for v in x)
+        ok[0] = False
+        return x
+
+    if size < 2:
+        return None
+    a, b = cut(batch, True), cut(batch, False)
+    return (a, b) if ok[0] else None
 
 
 class _PlanBatchSampler:
@@ -60,7 +111,8 @@ class _LoaderState:
         return {"sampler": ld.sampler.state_dict(),
                 "config": None if ld._config is None else list(ld._config),
                 "limits_key": None if ld._config_key is None else list(ld._config_key),
-                "oom_max_local": ld._oom_max_local}
+                "oom_max_local": ld._oom_max_local,
+                "last_decision": None if ld._last_decision is None else ld._last_decision.to_dict()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         ld = self.loader
@@ -69,6 +121,8 @@ class _LoaderState:
         key = state.get("limits_key")
         ld._config_key = None if key is None else tuple(key)
         ld._oom_max_local = state.get("oom_max_local")
+        last = state.get("last_decision")
+        ld._last_decision = None if last is None else DecisionRecord.from_dict(last)
 
 
 class AdaptiveDataLoader:
@@ -113,6 +167,9 @@ class AdaptiveDataLoader:
         self._it_next = -1
         self._it_cfg: tuple[int, int, int] | None = None
         self._warned_forced_accum = False
+        self._last_decision: DecisionRecord | None = None
+        self._probe_shapes: set[int] = set()
+        self._deferred_note = -1
         ctx = get_context()
         self._ctx = ctx
         self._index = len(ctx.loaders)
@@ -223,60 +280,110 @@ class AdaptiveDataLoader:
             m = -(-m0 // (k * (s + 1)))
         return max(m, self.min_local_bsz), s
 
-    def _model(self, ctx: AgentContext) -> GoodputModel | None:
-        if ctx.fit_params is None or ctx.adp is None or not ctx.adp.stats_ready:
-            return None
-        return GoodputModel(ctx.fit_params, ctx.adp.grad_stats, self.init_batch_size)
-
     def _decide(self, ctx: AgentContext, reason: str, *, periodic: bool) -> tuple[int, int]:
+        """Rank 0's choice of (m, s) on the current replicas (see :mod:`pollux.torch.decisions`)."""
         k, nodes = ctx.replicas, ctx.nodes
         current = self._config if self._config is not None and self._config[0] == k else None
-        model = self._model(ctx) if self.adaptive else None
-        default = self._default_config(k)
-        if model is None:
-            choice = current[1:] if current is not None and periodic else default
-            if current is None or choice != current[1:]:
-                self._log_change(current, (k, *choice), reason, None)
-            return choice
-        plan = optimize(model, nodes, k, self.limits())
-        best = float(plan.goodput)
-        if best <= 0.0:
-            choice = current[1:] if current is not None and periodic else default
-            if current is None or choice != current[1:]:
-                self._log_change(current, (k, *choice), f"{reason}; no valid batch in the goodput model",
-                                 None)
-            return choice
-        new = (int(plan.local_bsz), int(plan.accum_steps))
-        base = current[1:] if current is not None else default
-        base_good = float(model.goodput(nodes, k, base[0], base[1]))
-        if periodic and current is not None and not should_switch(base_good, best):
-            return current[1:]
-        if current is None or new != current[1:]:
-            change = best / base_good - 1.0 if base_good > 0 else math.inf
-            self._log_change(current, (k, *new), reason, change,
-                             efficiency=float(plan.efficiency), throughput=float(plan.throughput))
-        return new
+        default = (k, *self._default_config(k))
+        adp = ctx.adp
+        ready = (self.adaptive and ctx.fit_params is not None and adp is not None and adp.decision_ready)
+        if not ready:
+            choice = current if current is not None and periodic else default
+            if choice != current:
+                why = "fixed batch" if not self.adaptive else "no goodput model yet (statistics not ready)"
+                self._log_change(ctx, current, choice, reason, None, None, note=why)
+            return choice[1:]
+        assert ctx.fit_params is not None and adp is not None
+        evidence = adp.evidence()
+        base = current if current is not None else default
+        reference = batch_of(self._config) if self._config is not None else self.init_batch_size
+        last = self._last_decision
+        measured_last = None
+        if last is not None and last.config[0] == k:
+            found = ctx.profiler.step_time(nodes, *last.config)
+            measured_last = None if found is None else found[0]
+        proposal = decisions.decide(ctx.fit_params, evidence, self.limits(), nodes, base, reference,
+                                    ctx.profiler.max_local_bsz(), last, measured_last, periodic=periodic)
+        if proposal.note and proposal.note.startswith("reversal"):
+            logger.info("keeping batch size %d: %s [%s]", batch_of(base), proposal.note, reason)
+        else:
+            logger.debug("decision round [%s]: %s -> %s, predicted goodput %s, %s; noise scale %.4g from %d "
+                         "estimates", reason, base, proposal.config, proposal.predicted_gain, proposal.note,
+                         evidence.pgns(self.init_batch_size), evidence.count)
+        new = proposal.config
+        if new != current:
+            self._log_change(ctx, current, new, reason, proposal.predicted_gain, evidence)
+        return new[1:]
 
-    def _log_change(self, old: tuple[int, int, int] | None, new: tuple[int, int, int], reason: str,
-                    change: float | None, efficiency: float | None = None,
-                    throughput: float | None = None) -> None:
-        if self._ctx.rank != 0:
+    def _log_change(self, ctx: AgentContext, old: tuple[int, int, int] | None, new: tuple[int, int, int],
+                    reason: str, change: float | None, evidence: decisions.Evidence | None,
+                    note: str = "") -> None:
+        """Log a change of configuration (rank 0): a sentence and a ``decision {JSON}`` line."""
+        m0 = float(self.init_batch_size)
+        params, nodes = ctx.fit_params, ctx.nodes
+        stats = evidence.conservative() if evidence is not None else None
+        predicted_new = left_pred = None
+        if params is not None and stats is not None:
+            predicted_new = decisions.predicted_step_time(params, stats, m0, nodes, new)
+            if old is not None:
+                left_pred = decisions.predicted_step_time(params, stats, m0, nodes, old)
+        left_meas = ctx.profiler.step_time(nodes, *old) if old is not None else None
+        if evidence is not None:
+            self._last_decision = decisions.make_record(
+                new, old if old is not None else self._config, evidence, m0,
+                predicted_new if predicted_new is not None else math.nan)
+        else:
+            self._last_decision = None
+        if ctx.rank != 0:
             return
-        k, m, s = new
-        text = f"batch size {k * m * (s + 1)} (local {m} x {s + 1} micro-step(s) on {k} replica(s))"
+        text = (f"batch size {batch_of(new)} (local {new[1]} x {new[2] + 1} micro-step(s) "
+                f"on {new[0]} replica(s))")
         if old is not None:
-            text = f"batch size {old[0] * old[1] * (old[2] + 1)} -> " + text.split(" ", 2)[2]
+            text = f"batch size {batch_of(old)} -> " + text.split(" ", 2)[2]
         if change is not None:
             text += f": predicted goodput {change:+.1%}"
-            if efficiency is not None and throughput is not None:
-                text += f" (efficiency {efficiency:.3f}, throughput {throughput:.1f} examples/s)"
-        logger.info("%s [%s]", text, reason)
+        if evidence is not None:
+            phi = evidence.pgns(m0)
+            text += (f"; noise scale {phi:.4g} from {evidence.count} unbiased estimates "
+                     f"(sqr {evidence.sqr:.3g} ± {evidence.se_sqr:.2g}, var {evidence.var:.3g} ± "
+                     f"{evidence.se_var:.2g})")
+        if left_meas is not None and left_pred is not None:
+            text += (f"; step time left {left_meas[0] * 1e3:.1f} ms measured vs "
+                     f"{left_pred * 1e3:.1f} ms predicted")
+        logger.info("%s [%s]%s", text, reason, f": {note}" if note else "")
+        adp = ctx.adp
+        decisions.log_decision({
+            "from": list(old) if old is not None else None,
+            "to": list(new), "reason": reason, "predicted_gain": change, "note": note,
+            "stats": None if evidence is None else evidence.as_dict(m0),
+            "left": None if old is None else {
+                "config": list(old), "measured_step_s": None if left_meas is None else left_meas[0],
+                "measured_steps": None if left_meas is None else left_meas[1],
+                "predicted_step_s": left_pred},
+            "new_predicted_step_s": predicted_new,
+            "progress": None if adp is None else adp.progress, "epoch": ctx.epoch_state.epoch})
+
+    def _check_last_decision(self, ctx: AgentContext) -> None:
+        """Once the configuration chosen last was measured, log its step time against the prediction."""
+        last = self._last_decision
+        if last is None or last.checked or last.config[0] != ctx.replicas:
+            return
+        found = ctx.profiler.step_time(ctx.nodes, *last.config)
+        if (found is None or found[1] < decisions.CHECK_AFTER_STEPS
+                or not math.isfinite(last.predicted_step_s)):
+            return
+        decisions.log_step_time_check(last.config, last.predicted_step_s, found[0], found[1])
+        self._last_decision = DecisionRecord(last.config, last.direction, last.log_pgns, last.log_pgns_se,
+                                             last.predicted_step_s, checked=True)
 
     def _apply(self, ctx: AgentContext, choice: tuple[int, int]) -> None:
         m, s, oom_hi = ctx.broadcast_ints([choice[0], choice[1], self._oom_max_local or 0])
         self._oom_max_local = oom_hi or None
+        old = self._config
         self._config = (ctx.replicas, m, s)
         self._config_key = self._limits_key()
+        if old is not None and old != self._config:
+            ctx.fault_point("change")
 
     def _ensure_config(self, ctx: AgentContext) -> None:
         k = ctx.replicas
@@ -300,6 +407,8 @@ class AdaptiveDataLoader:
                 ctx.fit_params = fit.params
             elif fit is not None:
                 logger.warning("throughput fit failed, keeping the previous model: %s", fit.message)
+            ctx.fault_point("refit")
+            self._check_last_decision(ctx)
             choice = self._decide(ctx, "periodic refit", periodic=True)
             self._report_hints(ctx)
         self._apply(ctx, choice)
@@ -361,6 +470,32 @@ class AdaptiveDataLoader:
         if torch.cuda.is_available() and torch.cuda.is_initialized():
             torch.cuda.synchronize()
 
+    def _probe_due(self, ctx: AgentContext, plan: Any, k: int, s: int) -> bool:
+        """Whether this single-replica step is split in two to measure unbiased statistics."""
+        adp = ctx.adp
+        if not self.adaptive or k != 1 or s != 0 or not plan.full or plan.micro_steps != 1:
+            return False
+        if len(plan.micro_batches[0]) < 2:
+            return False
+        if adp._tracker.unbiased_updates < 2 * decisions.MIN_UNBIASED:
+            return True
+        return adp.steps % PROBE_EVERY == 0
+
+    def _record_times(self, ctx: AgentContext, info: StepInfo, cfg: tuple[int, int, int],
+                      times: list[float]) -> None:
+        k, m, s = cfg
+        if not info.probe:
+            accum = sum(times[:-1]) / (len(times) - 1) if len(times) > 1 else None
+            ctx.profiler.record(ctx.nodes, k, m, accum, times[-1], accum_steps=s)
+            return
+        half = info.micro_sizes[0]
+        if len(set(info.micro_sizes)) != 1 or len(times) != 2:
+            return
+        if half not in self._probe_shapes:      # the first probe of a shape warms it up
+            self._probe_shapes.add(half)
+            return
+        ctx.profiler.record(ctx.nodes, k, half, times[0], times[1], side=True)
+
     def __iter__(self) -> Iterator[Any]:
         ctx = get_context()
         adp = ctx.adp
@@ -376,6 +511,10 @@ class AdaptiveDataLoader:
         rank = ctx.rank
         stepped_any = False
         consumed = 0
+        if adp.progress >= target - tol and rank == 0:
+            logger.warning("epoch %d has no training left (progress %.1f already reaches its end %.1f): "
+                           "a step larger than a whole epoch, or an epoch iterated twice", epoch,
+                           adp.progress, target)
         while adp.progress < target - tol:
             if consumed >= n and not stepped_any:
                 logger.warning("a whole pass went by without an optimiser step; ending the epoch "
@@ -386,18 +525,33 @@ class AdaptiveDataLoader:
             k, m, s = cfg
             plan = self.sampler.plan(self.sampler.position, k, rank, m, s)
             it = self._data_iter(plan.start, cfg, rank)
-            info = StepInfo(sid=ctx.new_sid(), replicas=k, micro_steps=plan.micro_steps, local_bsz=m,
+            batches: list[Any] | None = None
+            sizes = plan.local_sizes
+            probe = self._probe_due(ctx, plan, k, s)
+            if probe:
+                first = next(it)
+                halves = split_batch(first, sizes[0])
+                if halves is None:
+                    probe, batches = False, [first]
+                else:
+                    batches = list(halves)
+                    sizes = (sizes[0] // 2, sizes[0] - sizes[0] // 2)
+            micro_steps = len(batches) if batches is not None else plan.micro_steps
+            info = StepInfo(sid=ctx.new_sid(), replicas=k, micro_steps=micro_steps, local_bsz=m,
                             scale=plan.samples / m0, nominal_scale=plan.batch_size / m0,
-                            fraction=plan.fraction, full=plan.full)
+                            fraction=plan.fraction, full=plan.full, micro_sizes=tuple(sizes), probe=probe)
             ctx.begin_step(info)
+            if adp.progress + adp.expected_progress(info) >= target - tol:
+                ctx.fault_point("epoch_end")
             times: list[float] = []
             completed = False
             try:
-                for j in range(plan.micro_steps):
-                    batch = next(it)
+                for j in range(micro_steps):
+                    batch = batches[j] if batches is not None else next(it)
                     info.micro = j
+                    ctx.fault_point("step")
                     t0 = time.perf_counter()
-                    if j < plan.micro_steps - 1:
+                    if j < micro_steps - 1:
                         with adp.no_sync():
                             yield batch
                     else:
@@ -418,12 +572,19 @@ class AdaptiveDataLoader:
             else:
                 self.sampler.position = plan.start + plan.advance
                 if plan.full and info.stepped:
-                    accum = sum(times[:-1]) / (len(times) - 1) if len(times) > 1 else None
-                    ctx.profiler.record(ctx.nodes, k, m, accum, times[-1], accum_steps=s)
+                    self._record_times(ctx, info, cfg, times)
             if outcome.oom:
                 self._handle_oom(ctx, m)
             if outcome.sigterm and ctx.registry.enabled:
-                ctx.preempt()
+                if adp.progress >= target - tol:
+                    # The epoch's last step: preempt once the epoch has ended (its end-of-epoch code
+                    # runs first, and the job resumes at the next epoch instead of an empty one).
+                    if self._deferred_note != epoch and rank == 0:
+                        logger.info("SIGTERM on the last step of epoch %d: preempting at the epoch's end",
+                                    epoch)
+                    self._deferred_note = epoch
+                else:
+                    ctx.preempt()
             if outcome.refit:
                 self._refit(ctx)
         if not ctx.epoch_state.driver_active:

@@ -49,15 +49,54 @@ from pollux.goodput import (
     gain,
     scaling_rule_for,
 )
+from pollux.goodput.efficiency import EMA_DECAY
 from pollux.torch.context import StepInfo, SyncOutcome, get_context, is_oom
+from pollux.torch.decisions import MIN_UNBIASED, Evidence
 
 logger = logging.getLogger("pollux.torch")
 
 #: The Adam pre-conditioner is used once the optimiser has taken this many steps (SPEC §2).
 PRECOND_MIN_STEPS = 5
-#: Batch-size decisions wait for this many steps with gradient statistics (one noisy estimate could
-#: floor sqr at 0, which makes every batch size look perfectly efficient).
+#: The first refit waits for this many steps with gradient statistics (one noisy estimate could
+#: floor sqr at 0, which makes every batch size look perfectly efficient). Batch-size decisions wait
+#: for more, all unbiased (``pollux.torch.decisions.MIN_UNBIASED``).
 MIN_STATS_UPDATES = 10
+
+
+@dataclass(slots=True)
+class _Moments:
+    """Weighted moments of the per-step (sqr, var) estimates, with the smoother's weights.
+
+    Each estimate enters with weight ``1 − d`` (``d = 0.999 ** S``) and older ones decay by ``d``, as
+    in ``GradNoiseState``; so ``s1 / w`` is the smoothed value and the standard error of that
+    weighted mean is ``sqrt(variance / n_eff)`` with ``n_eff = w² / w2``.
+    """
+
+    w: float = 0.0
+    w2: float = 0.0
+    s1: tuple[float, float] = (0.0, 0.0)
+    s2: tuple[float, float] = (0.0, 0.0)
+
+    def update(self, x: tuple[float, float], scale: float) -> None:
+        d = EMA_DECAY ** max(scale, 1e-12)
+        a = 1.0 - d
+        self.w = d * self.w + a
+        self.w2 = d * d * self.w2 + a * a
+        self.s1 = (d * self.s1[0] + a * x[0], d * self.s1[1] + a * x[1])
+        self.s2 = (d * self.s2[0] + a * x[0] ** 2, d * self.s2[1] + a * x[1] ** 2)
+
+    def standard_errors(self) -> tuple[float, float]:
+        if self.w <= 0.0 or self.w2 <= 0.0:
+            return math.inf, math.inf
+        n_eff = self.w * self.w / self.w2
+        if n_eff < 2.0:
+            return math.inf, math.inf
+        out = []
+        for s1, s2 in zip(self.s1, self.s2, strict=True):
+            mean = s1 / self.w
+            variance = max(s2 / self.w - mean * mean, 0.0) * n_eff / (n_eff - 1.0)
+            out.append(math.sqrt(variance / n_eff))
+        return out[0], out[1]
 
 
 def synthetic_oom(local_bsz: int) -> BaseException:
@@ -179,6 +218,9 @@ class _GradTracker:
         self.states = [GradNoiseState() for _ in range(self.num_groups)]
         self.measured = [False] * self.num_groups
         self.updates = 0
+        self.unbiased_updates = 0
+        self.moments = _Moments()
+        self.micro_weights: tuple[float, ...] | None = None
         self.adam = _adam_like(optimizer)
         self.pc_active = False
         self.pc_version = 0
@@ -229,6 +271,14 @@ class _GradTracker:
             mode = "diff"
         self.mode = mode
         self.divisor = float(info.replicas * info.micro_steps)
+        # Micro-batches of unequal size (a probe step splitting an odd local batch) are weighted so
+        # that the accumulated gradient is still the mean over the whole batch.
+        sizes = info.micro_sizes
+        if mode == "micro" and sizes and len(set(sizes)) > 1:
+            total = float(sum(sizes))
+            self.micro_weights = tuple(len(sizes) * b / total for b in sizes)
+        else:
+            self.micro_weights = None
         if mode == "micro" and not self.micro_handles:
             self._register_micro_hooks()
         self.micro_active = mode == "micro"
@@ -255,9 +305,12 @@ class _GradTracker:
     def _micro_hook(self, gi: int, param: torch.Tensor) -> Callable[[torch.Tensor], None]:
         pid = id(param)
 
-        def hook(grad: torch.Tensor) -> None:
+        def hook(grad: torch.Tensor) -> torch.Tensor | None:
             if not self.micro_active or grad.is_sparse:
-                return
+                return None
+            weights = self.micro_weights
+            if weights is not None and self.step is not None:
+                grad = grad * weights[min(self.step.micro, len(weights) - 1)]
             with torch.no_grad():
                 g = grad.reshape(-1)
                 if g.dtype not in (torch.float32, torch.float64):
@@ -272,6 +325,7 @@ class _GradTracker:
                 else:
                     value = torch.dot(g, g)
                 self.local_acc[gi] += value
+            return grad if weights is not None else None
 
         return hook
 
@@ -548,17 +602,31 @@ class _GradTracker:
         if not all(math.isfinite(v) for v in local):
             return
         n = rec.replicas * rec.micro_steps
+        sum_sqr = sum_var = 0.0
         for gi in range(self.num_groups):
             if self.measured[gi]:
                 sqr, var = estimate_from_norms(local[gi] / n * inv, rec.total[gi] * inv, n, scale)
                 self.states[gi] = self.states[gi].update(sqr, var, scale)
+                sum_sqr += sqr
+                sum_var += var
         self.updates += 1
+        if math.isfinite(sum_sqr) and math.isfinite(sum_var):
+            self.unbiased_updates += 1
+            self.moments.update((sum_sqr, sum_var), scale)
+
+    def evidence(self) -> Evidence:
+        """The smoothed statistics with standard errors from the spread of the recent estimates."""
+        stats = self.stats()
+        se_sqr, se_var = self.moments.standard_errors()
+        return Evidence(sqr=stats.sqr, var=stats.var, se_sqr=se_sqr, se_var=se_var,
+                        count=self.unbiased_updates, biased=self.unbiased_updates == 0)
 
     # ---------------------------------------------------------------- checkpointing
 
     def state_dict(self) -> dict[str, Any]:
         return {"groups": [s.to_dict() for s in self.states], "measured": list(self.measured),
-                "updates": self.updates}
+                "updates": self.updates, "unbiased_updates": self.unbiased_updates,
+                "moments": [self.moments.w, self.moments.w2, *self.moments.s1, *self.moments.s2]}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         groups = state["groups"]
@@ -568,6 +636,9 @@ class _GradTracker:
         self.states = [GradNoiseState.from_dict(d) for d in groups]
         self.measured = [bool(x) for x in state.get("measured", [True] * self.num_groups)]
         self.updates = int(state.get("updates", 0))
+        self.unbiased_updates = int(state.get("unbiased_updates", 0))
+        mom = [float(v) for v in state.get("moments", [0.0] * 6)]
+        self.moments = _Moments(mom[0], mom[1], (mom[2], mom[3]), (mom[4], mom[5]))
 
 
 def _pollux_comm_hook(tracker, bucket):  # unannotated: DDP checks the annotations of comm hooks
@@ -864,6 +935,11 @@ class AdaptiveDataParallel(DistributedDataParallel):
                 ctx.preempt()
         return result
 
+    def expected_progress(self, info: StepInfo) -> float:
+        """Progress the step ``info`` will add with the current statistics (gain(S) × its fraction)."""
+        stats = self._tracker.stats()
+        return float(gain(info.nominal_scale, stats.sqr, stats.var)) * info.fraction
+
     def _epoch_fraction(self) -> float:
         loader = self._ctx.active_loader
         if loader is None:
@@ -895,6 +971,15 @@ class AdaptiveDataParallel(DistributedDataParallel):
     def stats_ready(self) -> bool:
         """Whether enough steps were measured for the statistics to drive batch-size decisions."""
         return self._tracker.updates >= MIN_STATS_UPDATES
+
+    @property
+    def decision_ready(self) -> bool:
+        """Whether the statistics may drive batch-size decisions: enough unbiased estimates."""
+        return self._tracker.unbiased_updates >= MIN_UNBIASED
+
+    def evidence(self) -> Evidence:
+        """Smoothed statistics with their standard errors and the count of unbiased estimates."""
+        return self._tracker.evidence()
 
     @property
     def biased_stats(self) -> bool:

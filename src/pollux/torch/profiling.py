@@ -88,6 +88,7 @@ class StepProfiler:
         *,
         accum_steps: int | None = None,
         warmup: bool = False,
+        side: bool = False,
     ) -> bool:
         """Record one optimiser step; return whether its times were kept.
 
@@ -98,7 +99,9 @@ class StepProfiler:
         ``warmup=True``), when :meth:`skip_next` asked for it, or when ``optim_time`` is not a
         finite positive number (an invalid ``accum_time`` alone is ignored, keeping ``optim_time``).
         ``nodes > replicas`` or non-positive counts raise ``ValueError``: they are the caller's bug,
-        not a measurement.
+        not a measurement. ``side=True`` records a step run in another configuration between the
+        regular ones (a probe step) without counting it as a configuration change: the caller then
+        does its own warm-up bookkeeping.
         """
         nodes = _positive_int("nodes", nodes)
         replicas = _positive_int("replicas", replicas)
@@ -108,12 +111,13 @@ class StepProfiler:
         if accum_steps is not None:
             accum_steps = int(accum_steps)
         self.note_replicas(replicas)
-        config = (nodes, replicas, local_bsz, accum_steps)
-        warmup = warmup or config != self._last_config
-        self._last_config = config
+        if not side:
+            config = (nodes, replicas, local_bsz, accum_steps)
+            warmup = warmup or config != self._last_config
+            self._last_config = config
         if warmup:
             return False
-        if self._skip > 0:
+        if self._skip > 0 and not side:
             self._skip -= 1
             return False
         optim = _valid_time(optim_time)
@@ -162,6 +166,27 @@ class StepProfiler:
     def num_steps(self) -> int:
         """Number of steps kept for timing, over all configurations."""
         return sum(s.optim_count for s in self._sums.values())
+
+    def step_time(self, nodes: int, replicas: int, local_bsz: int, accum_steps: int = 0
+                  ) -> tuple[float, int] | None:
+        """Measured seconds per optimiser step of a configuration and the steps behind the figure.
+
+        ``s`` accumulation passes plus the final pass and update; None when that configuration (or,
+        with ``accum_steps > 0``, its accumulation passes) was never timed.
+        """
+        sums = self._sums.get((int(nodes), int(replicas), int(local_bsz)))
+        if sums is None or sums.optim_count == 0:
+            return None
+        t = sums.optim_sum / sums.optim_count
+        if accum_steps > 0:
+            if sums.accum_count == 0:
+                return None
+            t += accum_steps * sums.accum_sum / sums.accum_count
+        return t, sums.optim_count
+
+    def max_local_bsz(self) -> int | None:
+        """The largest local batch with a timed step (None before any)."""
+        return max((k[2] for k in self._sums), default=None)
 
     def records(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """``(nodes, replicas, local_bsz, optim_mean, accum_mean)``, one entry per configuration.
