@@ -162,7 +162,7 @@ class _Layout:
     __slots__ = ("key", "numel", "pc2", "pc_sources", "pc_version", "prev", "prev_sid", "result",
                  "result_sid", "runs", "scratch", "send", "spans")
 
-    def __init__(self, key: tuple[int, int], numel: int, spans: list[tuple[torch.Tensor, int, int, int]],
+    def __init__(self, key: tuple[Any, ...], numel: int, spans: list[tuple[torch.Tensor, int, int, int]],
                  runs: list[tuple[int, int, int, list[torch.Tensor]]]) -> None:
         self.key = key
         self.numel = numel
@@ -221,6 +221,7 @@ class _GradTracker:
         self.unbiased_updates = 0
         self.moments = _Moments()
         self.micro_weights: tuple[float, ...] | None = None
+        self.sent_progress = 0.0
         self.adam = _adam_like(optimizer)
         self.pc_active = False
         self.pc_version = 0
@@ -333,7 +334,11 @@ class _GradTracker:
 
     def layout(self, bucket: Any) -> _Layout:
         buf = bucket.buffer()
-        key = (buf.data_ptr(), buf.numel())
+        # The parameters' identities are part of the key: when DDP rebuilds its buckets after the
+        # first iteration (in gradient-ready order), the new buffer may reuse the old one's address,
+        # and a layout keyed on the address alone would map gradients to the wrong parameters (and
+        # the Adam pre-conditioner to the wrong entries) on that replica only.
+        key = (buf.data_ptr(), buf.numel(), tuple(id(p) for p in bucket.parameters()))
         idx = bucket.index()
         self.seen_buckets.add(idx)
         lay = self.layouts.get(idx)
@@ -344,7 +349,7 @@ class _GradTracker:
             self._refresh_layout_pc(lay)
         return lay
 
-    def _build_layout(self, bucket: Any, buf: torch.Tensor, key: tuple[int, int]) -> _Layout:
+    def _build_layout(self, bucket: Any, buf: torch.Tensor, key: tuple[Any, ...]) -> _Layout:
         base, esize, total = buf.data_ptr(), buf.element_size(), buf.numel()
         spans = []
         running = 0
@@ -483,14 +488,19 @@ class _GradTracker:
 
     # ---------------------------------------------------------------- the per-step packet
     #
-    # Packet layout (summed over replicas): [sigterm, refit due, oom, marker, local norms of the
-    # previous step per group]. It rides at the end of the first bucket's all-reduce (no extra
-    # collective); ``marker`` counts the replicas that sent local norms (K when they are valid).
+    # Packet layout (summed over replicas): [sigterm, refit due, oom, marker, progress, local norms
+    # of the previous step per group]. It rides at the end of the first bucket's all-reduce (no extra
+    # collective); ``marker`` counts the replicas that sent local norms (K when they are valid);
+    # ``progress`` is each replica's training progress, checked for agreement (see ``finish``).
 
-    PACKET_FLAGS = 4
+    PACKET_FLAGS = 5
+    #: Relative disagreement of the replicas' progress that stops training (float32 packets round
+    #: at about 6e-8).
+    PROGRESS_TOLERANCE = 1e-6
 
     def packet(self, flags: list[float]) -> torch.Tensor:
-        head = torch.tensor([*flags, self.prev_marker], dtype=torch.float64)
+        self.sent_progress = float(self.ctx.adp.progress) if self.ctx is not None and self.ctx.adp else 0.0
+        head = torch.tensor([*flags, self.prev_marker, self.sent_progress], dtype=torch.float64)
         return torch.cat([head.to(self.local_prev.device, non_blocking=True), self.local_prev])
 
     def receive(self, sid: int, values: torch.Tensor) -> None:
@@ -529,6 +539,7 @@ class _GradTracker:
             outcome.sigterm = vals[0] > 0.5
             outcome.refit = vals[1] > 0.5
             outcome.oom = vals[2] > 0.5
+            self._check_progress(vals[4] / max(info.replicas, 1))
         # Statistics of the previous step: its local norms arrived with this step's packet.
         previous, self.awaiting = self.awaiting, None
         if previous is not None and vals is not None and vals[3] > previous.replicas - 0.5:
@@ -546,6 +557,18 @@ class _GradTracker:
         self.micro_active = False
         self.outcome, self.outcome_sid = outcome, info.sid
         return outcome
+
+    def _check_progress(self, mean: float) -> None:
+        """Every replica must count the same progress, or they would end epochs at different steps
+        and the next collective would pair mismatched operations (a hang or a gloo abort). When any
+        replica differs, the mean differs from every replica's own value, so all of them stop here
+        together, with this message, instead."""
+        own = self.sent_progress
+        if abs(mean - own) > self.PROGRESS_TOLERANCE * max(1.0, abs(own)):
+            raise RuntimeError(
+                f"pollux.torch: the replicas disagree on training progress (this replica {own!r}, mean "
+                f"{mean!r}): their gradient statistics diverged, which is a bug in pollux.torch; "
+                "stopping before a collective mismatch (the job can resume from its last checkpoint)")
 
     @staticmethod
     def _sum_parts(parts: list[tuple[int, torch.Tensor]], groups: int) -> list[float]:

@@ -1,0 +1,104 @@
+"""A script written the way people write them, for the preemption tests (SIGTERM at any moment).
+
+Noisy linear regression with SGD (momentum, weight decay, one parameter group per parameter), a
+per-epoch ``StepLR``, adaptive batch size with accumulation, and the script's own all-reduce of
+per-epoch metrics at each epoch end. SIGTERMs are injected by the agent's fault points
+(``POLLUX_FAULT_SIGTERM``, set by the test).
+
+Each rank appends one record per optimiser step to ``visits-<tag>-rank<r>.jsonl`` (epoch, the pass of
+the global sample stream the step belongs to, dataset indices); rank 0 appends one record per epoch
+end to ``epochs-<tag>.jsonl`` with the step counts of this run in that epoch, summed, maxed and
+minned over the replicas by the script's own all-reduce.
+
+TEST_OUT_DIR, TEST_TAG, TEST_N, TEST_M0, TEST_EPOCHS, TEST_AUTOSCALE ("max,lo,hi"),
+TEST_STEP_SLEEP (seconds slept in each forward pass: a fixed cost per pass, which makes larger
+batches pay and so batch-size changes happen within a short test)
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+import pollux.torch as ptorch
+
+
+class Noisy(torch.utils.data.Dataset):
+    def __init__(self, n: int, dim: int = 4) -> None:
+        gen = torch.Generator().manual_seed(11)
+        self.x = torch.randn(n, dim, generator=gen)
+        self.y = self.x @ torch.arange(1.0, dim + 1.0) + 3.0 * torch.randn(n, generator=gen)
+
+    def __len__(self) -> int:
+        return self.x.shape[0]
+
+    def __getitem__(self, i: int) -> tuple[int, torch.Tensor, torch.Tensor]:
+        return i, self.x[i], self.y[i]
+
+
+def main() -> None:
+    torch.set_num_threads(1)
+    logging.basicConfig(level=logging.DEBUG if os.environ.get("TEST_DEBUG") else logging.INFO,
+                        format="%(message)s")
+    out = Path(os.environ["TEST_OUT_DIR"])
+    tag = os.environ.get("TEST_TAG", "run")
+    n = int(os.environ.get("TEST_N", "240"))
+    m0 = int(os.environ.get("TEST_M0", "8"))
+    epochs = int(os.environ.get("TEST_EPOCHS", "3"))
+    mx, lo, hi = (int(v) for v in os.environ.get("TEST_AUTOSCALE", "64,2,16").split(","))
+    sleep = float(os.environ.get("TEST_STEP_SLEEP", "0"))
+    ptorch.init_process_group("gloo")
+    rank, replicas = dist.get_rank(), dist.get_world_size()
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 1)
+    optimizer = torch.optim.SGD([{"params": [p]} for p in model.parameters()], lr=0.02, momentum=0.9,
+                                weight_decay=1e-4)
+    scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=1, gamma=0.8)
+    adp = ptorch.AdaptiveDataParallel(model, optimizer, scheduler)
+    dataset = Noisy(n)
+    loader = ptorch.AdaptiveDataLoader(dataset, batch_size=m0, shuffle=True, seed=3)
+    loader.autoscale_batch_size(mx, (lo, hi), gradient_accumulation=True)
+    visits = open(out / f"visits-{tag}-rank{rank}.jsonl", "a")
+    for epoch in ptorch.remaining_epochs_until(epochs):
+        steps = samples = 0
+        pending: list[int] = []
+        start = None
+        for idx, x, y in loader:
+            if start is None:
+                start = loader.sampler.position       # the global sample index of this step
+            optimizer.zero_grad()
+            if sleep:
+                time.sleep(sleep)
+            loss = torch.nn.functional.mse_loss(adp(x).squeeze(1), y)
+            loss.backward()
+            optimizer.step()
+            pending.extend(idx.tolist())
+            if adp.accumulating:
+                continue
+            visits.write(json.dumps({"epoch": epoch, "pass": start // n, "idx": pending,
+                                     "replicas": replicas, "batch": loader.current_batch_size}) + "\n")
+            visits.flush()
+            steps += 1
+            samples += len(pending)
+            pending, start = [], None
+        scheduler.step()
+        # The script's own end-of-epoch all-reduce: it must meet every peer here, none inside a step.
+        counts = torch.tensor([steps, samples], dtype=torch.float64)
+        total, high, low = counts.clone(), counts.clone(), counts.clone()
+        dist.all_reduce(total)
+        dist.all_reduce(high, op=dist.ReduceOp.MAX)
+        dist.all_reduce(low, op=dist.ReduceOp.MIN)
+        if rank == 0:
+            with open(out / f"epochs-{tag}.jsonl", "a") as f:
+                f.write(json.dumps({"epoch": epoch, "replicas": replicas, "steps_max": high[0].item(),
+                                    "steps_min": low[0].item(), "samples": total[1].item()}) + "\n")
+
+
+if __name__ == "__main__":
+    main()
