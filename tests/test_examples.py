@@ -87,6 +87,20 @@ def check_progress(out: dict, epochs: int) -> None:
         (out["progress"], target, largest)
 
 
+def check_train_metrics(out: dict) -> None:
+    """The last epoch's training loss and accuracy, and the examples of all epochs, over all replicas.
+
+    The example sums them with ``pollux.torch.Accumulator``. A step's progress is at most its examples
+    over M0 (gain(S) ≤ S), so the examples trained on are at least M0·progress, less the fewer than K
+    leftovers each pass skips; rank 0's share alone would be about 1/K of that, and an epoch whose
+    first part was lost at a restart would fall short by that part.
+    """
+    assert 0 < out["train_loss"] < 1.0 and 0.5 < out["train_accuracy"] <= 1.0, out
+    examples, replicas = out["train_examples"], out["replicas"]
+    skipped = (replicas - 1) * (examples // N_TRAIN + 2)
+    assert examples >= M0 * out["progress"] - skipped - 1e-6, (examples, out["progress"])
+
+
 def test_digits_default_run_alone_reaches_95_percent():
     """The full default run (30 epochs, adaptive batch) alone: ≥ 95 % test accuracy."""
     start = time.monotonic()
@@ -96,6 +110,8 @@ def test_digits_default_run_alone_reaches_95_percent():
     assert out["test_accuracy"] >= 0.95, out
     check_batch_sizes(out)
     check_progress(out, 30)
+    check_train_metrics(out)
+    assert out["train_accuracy"] >= 0.95, out
     assert time.monotonic() - start < 120
 
 
@@ -112,6 +128,7 @@ def test_digits_torchrun_grows_the_batch_with_logged_gains():
     assert [(a, b) for a, b, _ in changes] == list(itertools.pairwise(sizes)), proc.stderr[-3000:]
     assert all(g >= 5.0 for _, _, g in changes), changes
     check_progress(out, 12)
+    check_train_metrics(out)      # summed over both replicas, not rank 0's half
 
 
 def test_digits_sigterm_checkpoints_and_resumes_on_two_replicas(tmp_path):
@@ -143,11 +160,13 @@ def test_digits_sigterm_checkpoints_and_resumes_on_two_replicas(tmp_path):
     assert out["test_accuracy"] >= 0.9, out
     check_batch_sizes(out)
     check_progress(out, 8)
+    check_train_metrics(out)      # the epoch interrupted by SIGTERM kept its first part
 
     again = run([sys.executable, str(TRAIN), "--epochs", "8"], env=env)     # finished: just reports
     out2 = result_line(again.stdout)
     assert out2["runs"] == 3 and out2["progress"] == pytest.approx(out["progress"])
     assert out2["test_accuracy"] == pytest.approx(out["test_accuracy"])
+    assert out2["train_loss"] == out["train_loss"] and out2["train_examples"] == out["train_examples"]
 
 
 def test_agent_overhead_benchmark_smoke():

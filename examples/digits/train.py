@@ -10,9 +10,11 @@ Runs alone, under torchrun, or under the Pollux scheduler (which sets the POLLUX
 The data are the 1797 8×8 images bundled with scikit-learn (no download), split once into a fixed
 training set (75 %) and test set (25 %). The batch size starts at ``--batch-size`` (M0) and Pollux
 grows it up to ``--max-batch-size`` as the gradient noise grows; every change is logged on the
-``pollux.torch`` logger (stderr) with its predicted goodput gain. Rank 0 ends by printing one JSON
+``pollux.torch`` logger (stderr) with its predicted goodput gain. The training loss and accuracy of
+each epoch are summed over all replicas with ``pollux.torch.Accumulator`` (so they cover the whole
+global batch, not rank 0's share) and survive a restart mid-epoch. Rank 0 ends by printing one JSON
 line on stdout: test accuracy, the distinct global batch sizes used in order, epochs, progress,
-replicas, and more.
+replicas, the last epoch's training loss and accuracy, the examples trained on, and more.
 """
 
 from __future__ import annotations
@@ -82,18 +84,34 @@ class History:
         self.batch_sizes: list[int] = []      # distinct global batch sizes, in the order used
         self.seconds = 0.0                    # training time of earlier runs of this job
         self.runs = 1
+        self.train_loss = math.nan            # the last finished epoch's, over all replicas
+        self.train_accuracy = math.nan
+        self.train_examples = 0               # examples trained on in finished epochs, by all replicas
 
     def note_batch_size(self, size: int) -> None:
         if not self.batch_sizes or self.batch_sizes[-1] != size:
             self.batch_sizes.append(int(size))
 
     def state_dict(self) -> dict[str, Any]:
-        return {"batch_sizes": list(self.batch_sizes), "seconds": self.seconds, "runs": self.runs}
+        return {"batch_sizes": list(self.batch_sizes), "seconds": self.seconds, "runs": self.runs,
+                "train_loss": self.train_loss, "train_accuracy": self.train_accuracy,
+                "train_examples": self.train_examples}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.batch_sizes = [int(b) for b in state["batch_sizes"]]
         self.seconds = float(state["seconds"])
         self.runs = int(state["runs"]) + 1
+        self.train_loss = float(state.get("train_loss", math.nan))
+        self.train_accuracy = float(state.get("train_accuracy", math.nan))
+        self.train_examples = int(state.get("train_examples", 0))
+
+    def note_epoch(self, totals: dict[str, float]) -> None:
+        """Keep an epoch's training metrics from the totals of the epoch's ``Accumulator``."""
+        seen = totals.get("seen", 0)
+        self.train_examples += seen
+        if seen:
+            self.train_loss = totals["loss_sum"] / seen
+            self.train_accuracy = totals["correct"] / seen
 
 
 def finite_or_none(x: float) -> float | None:
@@ -122,6 +140,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         "$POLLUX_REFIT_INTERVAL_S if set, else 5; the agent's own default, 30 s, suits jobs "
                         "of hours, not this example of seconds)")
     p.add_argument("--threads", type=int, default=1, help="torch.set_num_threads (default 1)")
+    p.add_argument("--fixed", action="store_true",
+                   help="keep the batch at --batch-size (a fixed-batch baseline: no autoscale_batch_size)")
+    p.add_argument("--json-epochs", action="store_true",
+                   help='also print one JSON line per epoch on stdout ({"event": "epoch", ...}, rank 0)')
     return p.parse_args(argv)
 
 
@@ -145,30 +167,43 @@ def main(argv: list[str] | None = None) -> int:
     optimizer = torch.optim.SGD(net.parameters(), lr=args.lr, momentum=0.9)
     model = ptorch.AdaptiveDataParallel(net, optimizer)     # restores model and optimiser if resuming
     loader = ptorch.AdaptiveDataLoader(train_set, batch_size=args.batch_size, shuffle=True, seed=args.seed)
-    loader.autoscale_batch_size(args.max_batch_size, local_bsz_bounds=tuple(args.local_bsz_bounds))
+    if not args.fixed:
+        loader.autoscale_batch_size(args.max_batch_size, local_bsz_bounds=tuple(args.local_bsz_bounds))
     history = History()
     if ptorch.register_state("digits_history", history) and rank == 0:
         log.info("resumed at epoch %d (run %d of this job), batch sizes so far %s",
                  ptorch.current_epoch(), history.runs, history.batch_sizes)
     earlier = history.seconds
+    # This epoch's training sums, added by each replica for its share of every batch and summed over
+    # the replicas when read; checkpointed, so an epoch interrupted by a restart keeps its first part.
+    metrics = ptorch.Accumulator("digits_train")
 
     acc = float("nan")
     for epoch in ptorch.remaining_epochs_until(args.epochs):
-        total_loss, seen = 0.0, 0
         for x, y in loader:
             history.note_batch_size(loader.current_batch_size)
             optimizer.zero_grad()
-            loss = F.cross_entropy(model(x), y)
+            logits = model(x)
+            loss = F.cross_entropy(logits, y)
             loss.backward()
             optimizer.step()
-            total_loss += float(loss.detach()) * len(y)
-            seen += len(y)
+            metrics["loss_sum"] += loss.detach() * len(y)     # local adds: no communication
+            metrics["correct"] += (logits.argmax(dim=1) == y).sum()
+            metrics["seen"] += len(y)
+        # Every replica reads the totals (a collective) and starts the next epoch's sums here, at the
+        # end of the body: a reset at its start would drop the part of an epoch restored after a restart.
+        history.note_epoch(metrics.sum(reset=True))
         history.seconds = earlier + time.perf_counter() - start
         acc = accuracy(model.module, x_test, y_test)
         if rank == 0:
-            log.info("epoch %d: loss %.4f, test accuracy %.4f, batch size %d, progress %.1f, gain %.2f, "
-                     "%.1f s", epoch, total_loss / max(seen, 1), acc, loader.current_batch_size,
-                     model.progress, model.gain, history.seconds)
+            log.info("epoch %d: train loss %.4f, train accuracy %.4f, test accuracy %.4f, batch size %d, "
+                     "progress %.1f, gain %.2f, %.1f s", epoch, history.train_loss,
+                     history.train_accuracy, acc, loader.current_batch_size, model.progress,
+                     model.gain, history.seconds)
+            if args.json_epochs:
+                print(json.dumps({"event": "epoch", "epoch": epoch, "val_acc": acc, "time": time.time(),
+                                  "batch_size": loader.current_batch_size, "replicas": replicas,
+                                  "run": history.runs, "progress": model.progress}), flush=True)
     if math.isnan(acc):                   # nothing left to train (resumed after the last epoch)
         acc = accuracy(model.module, x_test, y_test)
 
@@ -183,6 +218,9 @@ def main(argv: list[str] | None = None) -> int:
             "final_batch_size": loader.current_batch_size,
             "pgns": finite_or_none(model.pgns),
             "runs": history.runs,
+            "train_loss": finite_or_none(history.train_loss),
+            "train_accuracy": finite_or_none(history.train_accuracy),
+            "train_examples": history.train_examples,
             "seconds": time.perf_counter() - start + earlier,
         }), flush=True)
     return 0

@@ -134,13 +134,14 @@ def batch_candidates(replicas: ArrayLike, limits: BatchLimits,
     return low[:, None] * ratio[:, None] ** frac[None, :], ok
 
 
-def accumulation_plan(batch: ArrayLike, replicas: ArrayLike, limits: BatchLimits
-                      ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+def accumulation_plan(batch: ArrayLike, replicas: ArrayLike, limits: BatchLimits, *,
+                      force_single: bool = True) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """How a total batch runs on K replicas: (actual M, local m, accumulation s, m within bounds).
 
     s is the smallest with ``m = ceil(M/(K·(s+1))) ≤ max_local_bsz`` (0 without accumulation), and at
-    least 1 on one replica above M0 so that real multi-sample gradient statistics get measured. The
-    actual total batch is ``K·m·(s+1)`` (m rounds up). Arrays broadcast.
+    least 1 on one replica above M0 so that real multi-sample gradient statistics get measured — unless
+    ``force_single`` is False (the agent measures them with probe steps instead, see
+    ``pollux.torch.data``). The actual total batch is ``K·m·(s+1)`` (m rounds up). Arrays broadcast.
     """
     cand = np.asarray(batch, dtype=np.float64)
     kk = np.asarray(replicas, dtype=np.float64)
@@ -148,7 +149,7 @@ def accumulation_plan(batch: ArrayLike, replicas: ArrayLike, limits: BatchLimits
     m0 = limits.init_batch_size
     if limits.accumulation:
         s = np.maximum(np.ceil(cand / (kk * hi) - 1e-9) - 1.0, 0.0)
-        force = (kk == 1.0) & (cand > m0 * (1.0 + 1e-9))
+        force = (kk == 1.0) & (cand > m0 * (1.0 + 1e-9)) & force_single
         s = np.where(force, np.maximum(s, 1.0), s)
     else:
         s = np.zeros(np.broadcast(cand, kk).shape)
@@ -157,13 +158,14 @@ def accumulation_plan(batch: ArrayLike, replicas: ArrayLike, limits: BatchLimits
 
 
 def optimize(model: GoodputModel, nodes: ArrayLike, replicas: ArrayLike,
-             limits: BatchLimits) -> BatchPlan:
+             limits: BatchLimits, *, force_single_accumulation: bool = True) -> BatchPlan:
     """Vectorised batch-size optimisation (SPEC §4).
 
     Candidates: 50 geometric values from ``max(M0, min_local_bsz·K)`` to ``max_batch_size``. For
     each, the smallest s with ``m = ceil(M/(K·(s+1))) ≤ max_local_bsz`` (s = 0 without accumulation;
     s ≥ 1 on one replica above M0, so that real multi-sample gradient statistics get measured);
     a candidate whose m falls outside the local bounds is worth 0. The argmax wins.
+    ``force_single_accumulation=False`` drops the one-replica rule (see :func:`accumulation_plan`).
     """
     nodes_b, replicas_b = np.broadcast_arrays(np.asarray(nodes), np.asarray(replicas))
     shape = nodes_b.shape
@@ -177,7 +179,7 @@ def optimize(model: GoodputModel, nodes: ArrayLike, replicas: ArrayLike,
                          f"init_batch_size {model.init_batch_size:g}")
     cand, valid_pair = batch_candidates(k_safe, limits, valid_pair)
     kk = k_safe[:, None]
-    batch, m, s, ok = accumulation_plan(cand, kk, limits)
+    batch, m, s, ok = accumulation_plan(cand, kk, limits, force_single=force_single_accumulation)
     ok &= valid_pair[:, None]
     tp = batch / t_iter(model.throughput_params, n_safe[:, None], kk, m, s)
     if limits.adaptive:

@@ -34,6 +34,7 @@ _EXPORTS = {
     "remaining_epochs_until": "pollux.torch.epoch",
     "current_epoch": "pollux.torch.epoch",
     "PREEMPT_EXIT_CODE": "pollux.torch.context",
+    "Accumulator": "pollux.torch.accumulator",
 }
 
 __all__ = [*sorted(_EXPORTS), "register_state"]

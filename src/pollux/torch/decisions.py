@@ -164,7 +164,8 @@ def decide(params: ThroughputParams, evidence: Evidence, limits: BatchLimits, no
     m0 = float(limits.init_batch_size)
     model = GoodputModel(params, evidence.conservative(), m0)
     narrowed = trust_limits(limits, reference_batch, max_measured_local)
-    plan = optimize(model, nodes, k, narrowed)
+    # One replica measures unbiased statistics with probe steps, so it need not accumulate to grow.
+    plan = optimize(model, nodes, k, narrowed, force_single_accumulation=False)
     best = float(plan.goodput)
     if best <= 0.0:
         return Proposal(current, False, None, "no valid batch in the trust region")
