@@ -297,6 +297,11 @@ class AdaptiveDataLoader:
         evidence = adp.evidence()
         base = current if current is not None else default
         reference = batch_of(self._config) if self._config is not None else self.init_batch_size
+        if current is None and not ctx.profiler.has_allocation(nodes, k):
+            kept = decisions.keep_batch(self.limits(), k, reference) or default
+            self._log_change(ctx, None, kept, reason, None, None,
+                             note="keeping the total batch until this allocation is measured")
+            return kept[1:]
         last = self._last_decision
         measured_last = None
         if last is not None and last.config[0] == k:

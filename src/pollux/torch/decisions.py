@@ -18,6 +18,11 @@ right". The agent acts on its answer only within what the measurements support:
   reverse the direction of the previous one is taken only if the noise scale moved beyond its
   noise since then (``|Δ log φ| > REVERSAL_Z`` combined standard errors) or the step time measured
   at the configuration chosen last missed its prediction by more than ``STEP_TIME_TOLERANCE``.
+* **A new allocation keeps the batch until it is measured.** After a restart on a (nodes, replicas)
+  with no measured step, the exploration priors of the throughput model predict perfect scaling
+  (which draws the scheduler to try it, but is no basis for the agent's choice): the total batch
+  stays as close as the bounds allow to the one run before (``keep_batch``), and the next refit,
+  with measurements, decides.
 
 Every decision is logged on the ``pollux.torch`` logger twice: a sentence for people and a line
 ``decision {JSON}`` (statistics, their sample counts, standard errors, the measured and predicted
@@ -36,6 +41,7 @@ from typing import Any
 
 from pollux.goodput import BatchLimits, GoodputModel, GradStats, ThroughputParams, optimize, should_switch
 from pollux.goodput.efficiency import VAR_FLOOR
+from pollux.goodput.model import accumulation_plan
 
 logger = logging.getLogger("pollux.torch")
 
@@ -47,8 +53,9 @@ GROWTH_CAP = 2.0
 LOCAL_CAP = 2.0
 #: A reversal needs the log noise scale to move by more than this many combined standard errors.
 REVERSAL_Z = 2.0
-#: ... or the measured step time of the configuration chosen last to miss its prediction by this much.
-STEP_TIME_TOLERANCE = 0.25
+#: ... or the measured step time of the configuration chosen last to miss its prediction by this much
+#: (a grossly wrong throughput model, not the noise of a shared machine).
+STEP_TIME_TOLERANCE = 0.5
 #: Steps measured at a new configuration before its step time is checked against the prediction.
 CHECK_AFTER_STEPS = 3
 
@@ -139,6 +146,15 @@ def trust_limits(limits: BatchLimits, reference_batch: int, max_measured_local: 
     if max_measured_local is not None:
         hi = min(hi, max(LOCAL_CAP * float(max_measured_local), float(limits.min_local_bsz)))
     return replace(limits, max_batch_size=min(float(limits.max_batch_size), cap), max_local_bsz=hi)
+
+
+def keep_batch(limits: BatchLimits, replicas: int, batch: int) -> Config | None:
+    """The configuration on ``replicas`` whose total batch is closest above ``batch`` (None if none fits)."""
+    target = max(float(batch), float(limits.init_batch_size))
+    total, m, s, ok = accumulation_plan(target, replicas, limits, force_single=False)
+    if not bool(ok) or float(total) > float(limits.max_batch_size) * (1.0 + 1e-9):
+        return None
+    return (int(replicas), int(m), int(s))
 
 
 def predicted_step_time(params: ThroughputParams, stats: GradStats, m0: float, nodes: int,

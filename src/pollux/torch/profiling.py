@@ -184,6 +184,10 @@ class StepProfiler:
             t += accum_steps * sums.accum_sum / sums.accum_count
         return t, sums.optim_count
 
+    def has_allocation(self, nodes: int, replicas: int) -> bool:
+        """Whether any step on ``nodes`` nodes with ``replicas`` replicas was timed."""
+        return any(k[0] == int(nodes) and k[1] == int(replicas) for k in self._sums)
+
     def max_local_bsz(self) -> int | None:
         """The largest local batch with a timed step (None before any)."""
         return max((k[2] for k in self._sums), default=None)

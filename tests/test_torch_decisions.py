@@ -1,0 +1,74 @@
+"""The guards of the agent's batch-size decisions, as pure functions (``pollux.torch.decisions``)."""
+
+from __future__ import annotations
+
+import math
+
+from pollux.goodput import BatchLimits, ThroughputParams
+from pollux.torch.decisions import (
+    GROWTH_CAP,
+    DecisionRecord,
+    Evidence,
+    decide,
+    keep_batch,
+    make_record,
+    trust_limits,
+)
+
+# Compute-bound throughput with a large fixed cost per pass: larger local batches pay a lot.
+PARAMS = ThroughputParams(alpha_grad=0.05, beta_grad=1e-4, alpha_local=0.01, beta_local=1e-8,
+                          alpha_node=0.02, beta_node=1e-8, gamma=1.0)
+LIMITS = BatchLimits(32, max_batch_size=4096, min_local_bsz=8, max_local_bsz=1024, accumulation=True)
+
+
+def evidence(pgns: float, rel_se: float = 0.05, count: int = 500) -> Evidence:
+    sqr = 1.0
+    var = pgns * sqr / 32
+    return Evidence(sqr=sqr, var=var, se_sqr=rel_se * sqr, se_var=rel_se * var, count=count, biased=False)
+
+
+def test_one_decision_at_most_doubles_the_batch_and_the_local_batch_stays_near_the_measured() -> None:
+    narrowed = trust_limits(LIMITS, reference_batch=32, max_measured_local=32)
+    assert narrowed.max_batch_size == GROWTH_CAP * 32 and narrowed.max_local_bsz == 64
+    p = decide(PARAMS, evidence(1e5), LIMITS, 1, (1, 32, 0), 32, 32, None, None, periodic=True)
+    assert p.changed and p.config[0] == 1 and p.config[1] * (p.config[2] + 1) <= 64
+
+
+def test_a_noisier_estimate_makes_a_more_cautious_decision() -> None:
+    sure = decide(PARAMS, evidence(300, 0.02), LIMITS, 1, (2, 64, 0), 128, 64, None, None, periodic=False)
+    unsure = decide(PARAMS, evidence(300, 0.9), LIMITS, 1, (2, 64, 0), 128, 64, None, None, periodic=False)
+    size = lambda c: c[0] * c[1] * (c[2] + 1)  # noqa: E731
+    assert size(unsure.config) < size(sure.config)
+
+
+def test_a_reversal_needs_moved_statistics_or_a_grossly_wrong_step_time() -> None:
+    # Per-example cost dominates: a larger batch buys little throughput, so efficiency decides.
+    params = ThroughputParams(alpha_grad=1e-3, beta_grad=1e-3, alpha_local=1e-3, beta_local=1e-8,
+                              alpha_node=2e-3, beta_node=1e-8, gamma=1.0)
+    grown = make_record((2, 32, 0), (2, 16, 0), evidence(30, rel_se=0.5), 32, predicted_step_s=0.033)
+    assert grown.direction == 1
+    now = evidence(20, rel_se=0.5)                     # lower, but within the noise of both estimates
+    wanted = decide(params, now, LIMITS, 1, (2, 32, 0), 64, 32, None, 0.034, periodic=True)
+    assert wanted.changed and wanted.config[1] < 32     # without a last decision it would shrink
+    kept = decide(params, now, LIMITS, 1, (2, 32, 0), 64, 32, grown, 0.034, periodic=True)
+    assert not kept.changed and "reversal suppressed" in kept.note
+    # Statistics moved far beyond their noise: the reversal is allowed.
+    moved = decide(params, evidence(2.0, rel_se=0.01), LIMITS, 1, (2, 32, 0), 64, 32, grown, 0.034,
+                   periodic=True)
+    assert moved.changed and moved.config[1] < 32
+    # The step time measured at the last choice is twice the prediction: allowed too.
+    missed = decide(params, now, LIMITS, 1, (2, 32, 0), 64, 32, grown, 0.066, periodic=True)
+    assert missed.changed and missed.config == wanted.config
+
+
+def test_keep_batch_on_a_new_allocation() -> None:
+    assert keep_batch(LIMITS, 2, 96) == (2, 48, 0)
+    assert keep_batch(LIMITS, 3, 100) == (3, 34, 0)         # closest above within the bounds
+    small = BatchLimits(32, max_batch_size=256, min_local_bsz=8, max_local_bsz=16, accumulation=True)
+    assert keep_batch(small, 2, 128) == (2, 16, 3)          # accumulation where the bound requires it
+    assert keep_batch(small, 64, 128) is None               # 64 × 8 exceeds the largest batch
+
+
+def test_records_round_trip() -> None:
+    rec = DecisionRecord((2, 16, 1), -1, math.log(40.0), 0.2, 0.01, checked=True)
+    assert DecisionRecord.from_dict(rec.to_dict()) == rec
