@@ -297,7 +297,10 @@ class AdaptiveDataLoader:
         evidence = adp.evidence()
         base = current if current is not None else default
         reference = batch_of(self._config) if self._config is not None else self.init_batch_size
-        if current is None and not ctx.profiler.has_allocation(nodes, k):
+        if not ctx.profiler.has_allocation(nodes, k):
+            # No timed step on this allocation yet: its prediction would be the exploration prior.
+            if current is not None:
+                return current[1:]
             kept = decisions.keep_batch(self.limits(), k, reference) or default
             self._log_change(ctx, None, kept, reason, None, None,
                              note="keeping the total batch until this allocation is measured")
