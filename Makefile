@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: install demo demo-sim test lint bench bench-cluster clean
+.PHONY: install demo demo-sim test lint bench bench-cluster bench-decisions clean
 
 install: $(STAMP)
 
@@ -33,6 +33,9 @@ bench: $(STAMP)
 
 bench-cluster: $(STAMP)
 	$(PY) benchmarks/cluster.py --json
+
+bench-decisions: $(STAMP)
+	$(PY) benchmarks/agent_decisions.py --json
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache .hypothesis
