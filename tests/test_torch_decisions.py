@@ -72,3 +72,13 @@ def test_keep_batch_on_a_new_allocation() -> None:
 def test_records_round_trip() -> None:
     rec = DecisionRecord((2, 16, 1), -1, math.log(40.0), 0.2, 0.01, checked=True)
     assert DecisionRecord.from_dict(rec.to_dict()) == rec
+
+
+def test_no_decision_on_a_model_that_misses_the_running_configuration() -> None:
+    predicted = 0.05 + 1e-4 * 32          # T_grad(32) on one replica under PARAMS
+    fine = decide(PARAMS, evidence(1e5), LIMITS, 1, (1, 32, 0), 32, 32, None, None, periodic=True,
+                  measured_current_s=predicted * 1.1)
+    assert fine.changed
+    off = decide(PARAMS, evidence(1e5), LIMITS, 1, (1, 32, 0), 32, 32, None, None, periodic=True,
+                 measured_current_s=predicted * 2.5)
+    assert not off.changed and "misses" in off.note

@@ -310,8 +310,12 @@ class AdaptiveDataLoader:
         if last is not None and last.config[0] == k:
             found = ctx.profiler.step_time(nodes, *last.config)
             measured_last = None if found is None else found[0]
+        here = ctx.profiler.step_time(nodes, *base)
         proposal = decisions.decide(ctx.fit_params, evidence, self.limits(), nodes, base, reference,
-                                    ctx.profiler.max_local_bsz(), last, measured_last, periodic=periodic)
+                                    ctx.profiler.max_local_bsz(), last, measured_last, periodic=periodic,
+                                    measured_current_s=None if here is None else here[0])
+        if proposal.note.startswith("throughput model misses"):
+            logger.info("keeping batch size %d: %s [%s]", batch_of(base), proposal.note, reason)
         if proposal.note and proposal.note.startswith("reversal"):
             logger.info("keeping batch size %d: %s [%s]", batch_of(base), proposal.note, reason)
         else:

@@ -18,6 +18,9 @@ right". The agent acts on its answer only within what the measurements support:
   reverse the direction of the previous one is taken only if the noise scale moved beyond its
   noise since then (``|Δ log φ| > REVERSAL_Z`` combined standard errors) or the step time measured
   at the configuration chosen last missed its prediction by more than ``STEP_TIME_TOLERANCE``.
+* **A model that reproduces what it measures.** No decision while the predicted step time of the
+  running configuration misses its measured one by more than ``MODEL_TOLERANCE`` (a fit stalled with
+  a parameter at its floor, say): extrapolating from a model that misses the data it has is a guess.
 * **A new allocation keeps the batch until it is measured.** After a restart on a (nodes, replicas)
   with no measured step, the exploration priors of the throughput model predict perfect scaling
   (which draws the scheduler to try it, but is no basis for the agent's choice): the total batch
@@ -56,6 +59,8 @@ REVERSAL_Z = 2.0
 #: ... or the measured step time of the configuration chosen last to miss its prediction by this much
 #: (a grossly wrong throughput model, not the noise of a shared machine).
 STEP_TIME_TOLERANCE = 0.5
+#: No decision while the model's step time for the running configuration misses its measurement by this.
+MODEL_TOLERANCE = 0.3
 #: Steps measured at a new configuration before its step time is checked against the prediction.
 CHECK_AFTER_STEPS = 3
 
@@ -169,16 +174,24 @@ def predicted_step_time(params: ThroughputParams, stats: GradStats, m0: float, n
 def decide(params: ThroughputParams, evidence: Evidence, limits: BatchLimits, nodes: int,
            current: Config, reference_batch: int, max_measured_local: int | None,
            last: DecisionRecord | None, measured_step_s: float | None, *,
-           periodic: bool) -> Proposal:
+           periodic: bool, measured_current_s: float | None = None) -> Proposal:
     """One guarded decision at ``current`` (see the module docstring); pure, for rank 0.
 
     ``reference_batch`` is the total batch the trust region grows from (the batch of the last run
     configuration, also across a change of replicas); ``measured_step_s`` the measured step time
-    of the configuration chosen last (None if not measured yet).
+    of the configuration chosen last (None if not measured yet); ``measured_current_s`` that of
+    ``current``.
     """
     k = current[0]
     m0 = float(limits.init_batch_size)
     model = GoodputModel(params, evidence.conservative(), m0)
+    if measured_current_s is not None and measured_current_s > 0:
+        predicted = predicted_step_time(params, model.grad_stats, m0, nodes, current)
+        if not abs(predicted / measured_current_s - 1.0) <= MODEL_TOLERANCE:
+            return Proposal(current, False, None,
+                            f"throughput model misses the running configuration's step time "
+                            f"({predicted * 1e3:.2f} ms predicted, "
+                            f"{measured_current_s * 1e3:.2f} ms measured)")
     narrowed = trust_limits(limits, reference_batch, max_measured_local)
     # One replica measures unbiased statistics with probe steps, so it need not accumulate to grow.
     plan = optimize(model, nodes, k, narrowed, force_single_accumulation=False)
