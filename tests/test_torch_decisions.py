@@ -82,3 +82,22 @@ def test_no_decision_on_a_model_that_misses_the_running_configuration() -> None:
     off = decide(PARAMS, evidence(1e5), LIMITS, 1, (1, 32, 0), 32, 32, None, None, periodic=True,
                  measured_current_s=predicted * 2.5)
     assert not off.changed and "misses" in off.note
+
+
+def test_pass_times_beyond_the_measured_batch_are_bounded_by_the_prior() -> None:
+    from pollux.goodput import GoodputModel, GradStats, optimize
+    from pollux.goodput.model import bounded_step_time
+    from pollux.goodput.throughput import t_iter
+
+    flat = ThroughputParams(alpha_grad=0.01, beta_grad=1e-7, alpha_local=1e-8, beta_local=1e-8,
+                            alpha_node=1e-8, beta_node=1e-8, gamma=1.0)   # a degenerate slope
+    m = [16.0, 32.0, 64.0, 256.0]
+    plain = t_iter(flat, 1, 1, m)
+    bounded = bounded_step_time(flat, 1, 1, m, 0, grad_floor=32)
+    assert list(bounded[:2]) == list(plain[:2])                      # within the measured range
+    t32 = float(plain[1])
+    assert bounded[2] >= t32 * 1.5 - 1e-12 and bounded[3] >= t32 * 4.5 - 1e-12
+    model = GoodputModel(flat, GradStats(sqr=1.0, var=10.0), 32)
+    free = optimize(model, 1, 1, LIMITS)
+    held = optimize(model, 1, 1, LIMITS, grad_floor=32)
+    assert held.batch_size < free.batch_size

@@ -17,7 +17,8 @@ from numpy.typing import ArrayLike
 
 from pollux.goodput.efficiency import efficiency as _efficiency
 from pollux.goodput.records import GradStats, ThroughputParams, check_number
-from pollux.goodput.throughput import t_iter
+from pollux.goodput.throughput import _overlap as overlap
+from pollux.goodput.throughput import t_grad, t_iter, t_sync
 
 #: Number of geometrically spaced total-batch candidates per allocation.
 NUM_CANDIDATES = 50
@@ -157,15 +158,38 @@ def accumulation_plan(batch: ArrayLike, replicas: ArrayLike, limits: BatchLimits
     return kk * m * (s + 1.0), m, s, (m >= lo) & (m <= hi)
 
 
+def bounded_step_time(params: ThroughputParams, nodes: ArrayLike, replicas: ArrayLike, local_bsz: ArrayLike,
+                      accum_steps: ArrayLike = 0, grad_floor: float | None = None) -> np.ndarray:
+    """``t_iter`` with the pass time beyond the largest measured local batch bounded by the prior.
+
+    ``grad_floor = m_ref`` (the largest local batch with a measured step): for ``m > m_ref`` the pass
+    time is at least ``T_grad(m_ref)·(1 + m/m_ref)/2`` — the linear extrapolation the SPEC §3 prior
+    makes from a single measured batch (half the time fixed, half per example) — so a fit whose
+    per-example slope came out too small cannot promise near-free larger batches. None: plain ``t_iter``.
+    """
+    if grad_floor is None:
+        return t_iter(params, nodes, replicas, local_bsz, accum_steps)
+    m = np.asarray(local_bsz, dtype=np.float64)
+    tg = t_grad(params, m)
+    ref = float(grad_floor)
+    floor = float(t_grad(params, ref)) * (1.0 + m / ref) / 2.0
+    tg = np.where(m > ref, np.maximum(tg, floor), tg)
+    ts = t_sync(params, nodes, replicas)
+    gamma = float(params.gamma) if isinstance(params, ThroughputParams) else float(np.asarray(params)[6])
+    return np.asarray(accum_steps, dtype=np.float64) * tg + overlap(tg, ts, gamma)
+
+
 def optimize(model: GoodputModel, nodes: ArrayLike, replicas: ArrayLike,
-             limits: BatchLimits, *, force_single_accumulation: bool = True) -> BatchPlan:
+             limits: BatchLimits, *, force_single_accumulation: bool = True,
+             grad_floor: float | None = None) -> BatchPlan:
     """Vectorised batch-size optimisation (SPEC §4).
 
     Candidates: 50 geometric values from ``max(M0, min_local_bsz·K)`` to ``max_batch_size``. For
     each, the smallest s with ``m = ceil(M/(K·(s+1))) ≤ max_local_bsz`` (s = 0 without accumulation;
     s ≥ 1 on one replica above M0, so that real multi-sample gradient statistics get measured);
     a candidate whose m falls outside the local bounds is worth 0. The argmax wins.
-    ``force_single_accumulation=False`` drops the one-replica rule (see :func:`accumulation_plan`).
+    ``force_single_accumulation=False`` drops the one-replica rule (see :func:`accumulation_plan`);
+    ``grad_floor`` bounds extrapolated pass times (see :func:`bounded_step_time`).
     """
     nodes_b, replicas_b = np.broadcast_arrays(np.asarray(nodes), np.asarray(replicas))
     shape = nodes_b.shape
@@ -181,7 +205,7 @@ def optimize(model: GoodputModel, nodes: ArrayLike, replicas: ArrayLike,
     kk = k_safe[:, None]
     batch, m, s, ok = accumulation_plan(cand, kk, limits, force_single=force_single_accumulation)
     ok &= valid_pair[:, None]
-    tp = batch / t_iter(model.throughput_params, n_safe[:, None], kk, m, s)
+    tp = batch / bounded_step_time(model.throughput_params, n_safe[:, None], kk, m, s, grad_floor)
     if limits.adaptive:
         eff = model.efficiency(batch)
     else:

@@ -333,13 +333,16 @@ class AdaptiveDataLoader:
         """Log a change of configuration (rank 0): a sentence and a ``decision {JSON}`` line."""
         m0 = float(self.init_batch_size)
         params, nodes = ctx.fit_params, ctx.nodes
-        stats = evidence.conservative() if evidence is not None else None
-        predicted_new = left_pred = None
-        if params is not None and stats is not None:
-            predicted_new = decisions.predicted_step_time(params, stats, m0, nodes, new)
-            if old is not None:
-                left_pred = decisions.predicted_step_time(params, stats, m0, nodes, old)
+        predicted_new = left_pred = model_new = None
         left_meas = ctx.profiler.step_time(nodes, *old) if old is not None else None
+        if params is not None and evidence is not None:
+            ref = ctx.profiler.max_local_bsz()
+            model_new = predicted_new = decisions.predicted_step_time(params, nodes, new, ref)
+            if old is not None:
+                left_pred = decisions.predicted_step_time(params, nodes, old, ref)
+            if left_meas is not None and left_pred is not None and left_pred > 0:
+                # Anchored to the data: the model's ratio new/left times the measured step time left.
+                predicted_new = model_new * left_meas[0] / left_pred
         if evidence is not None:
             self._last_decision = decisions.make_record(
                 new, old if old is not None else self._config, evidence, m0,
@@ -372,7 +375,7 @@ class AdaptiveDataLoader:
                 "config": list(old), "measured_step_s": None if left_meas is None else left_meas[0],
                 "measured_steps": None if left_meas is None else left_meas[1],
                 "predicted_step_s": left_pred},
-            "new_predicted_step_s": predicted_new,
+            "new_predicted_step_s": predicted_new, "new_model_step_s": model_new,
             "progress": None if adp is None else adp.progress, "epoch": ctx.epoch_state.epoch})
 
     def _check_last_decision(self, ctx: AgentContext) -> None:

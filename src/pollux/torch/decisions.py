@@ -44,7 +44,7 @@ from typing import Any
 
 from pollux.goodput import BatchLimits, GoodputModel, GradStats, ThroughputParams, optimize, should_switch
 from pollux.goodput.efficiency import VAR_FLOOR
-from pollux.goodput.model import accumulation_plan
+from pollux.goodput.model import accumulation_plan, bounded_step_time
 
 logger = logging.getLogger("pollux.torch")
 
@@ -162,13 +162,12 @@ def keep_batch(limits: BatchLimits, replicas: int, batch: int) -> Config | None:
     return (int(replicas), int(m), int(s))
 
 
-def predicted_step_time(params: ThroughputParams, stats: GradStats, m0: float, nodes: int,
-                        config: Config) -> float:
-    """Seconds per optimiser step the throughput model predicts for ``config``."""
-    model = GoodputModel(params, stats, m0)
+def predicted_step_time(params: ThroughputParams, nodes: int, config: Config,
+                        max_measured_local: int | None = None) -> float:
+    """Seconds per optimiser step the throughput model predicts for ``config`` (pass times beyond
+    the largest measured local batch bounded by the prior, as in the decision)."""
     k, m, s = config
-    tp = float(model.throughput(nodes, k, m, s))
-    return batch_of(config) / tp if tp > 0 else math.inf
+    return float(bounded_step_time(params, nodes, k, m, s, max_measured_local))
 
 
 def decide(params: ThroughputParams, evidence: Evidence, limits: BatchLimits, nodes: int,
@@ -186,20 +185,23 @@ def decide(params: ThroughputParams, evidence: Evidence, limits: BatchLimits, no
     m0 = float(limits.init_batch_size)
     model = GoodputModel(params, evidence.conservative(), m0)
     if measured_current_s is not None and measured_current_s > 0:
-        predicted = predicted_step_time(params, model.grad_stats, m0, nodes, current)
-        if not abs(predicted / measured_current_s - 1.0) <= MODEL_TOLERANCE:
+        predicted = predicted_step_time(params, nodes, current, max_measured_local)
+        ratio = predicted / measured_current_s
+        if not max(ratio, 1.0 / ratio) <= 1.0 + MODEL_TOLERANCE:
             return Proposal(current, False, None,
                             f"throughput model misses the running configuration's step time "
                             f"({predicted * 1e3:.2f} ms predicted, "
                             f"{measured_current_s * 1e3:.2f} ms measured)")
     narrowed = trust_limits(limits, reference_batch, max_measured_local)
     # One replica measures unbiased statistics with probe steps, so it need not accumulate to grow.
-    plan = optimize(model, nodes, k, narrowed, force_single_accumulation=False)
+    plan = optimize(model, nodes, k, narrowed, force_single_accumulation=False,
+                    grad_floor=max_measured_local)
     best = float(plan.goodput)
     if best <= 0.0:
         return Proposal(current, False, None, "no valid batch in the trust region")
     new: Config = (k, int(plan.local_bsz), int(plan.accum_steps))
-    base_good = float(model.goodput(nodes, k, current[1], current[2]))
+    base_tp = batch_of(current) / predicted_step_time(params, nodes, current, max_measured_local)
+    base_good = base_tp * float(model.efficiency(batch_of(current)))
     gain = best / base_good - 1.0 if base_good > 0 else math.inf
     if new == current:
         return Proposal(current, False, gain)
