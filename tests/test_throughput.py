@@ -22,7 +22,7 @@ from pollux.goodput import (
     t_sync,
     throughput,
 )
-from pollux.goodput.throughput import INITIAL_PARAMS, PARAM_CEIL, PARAM_FLOOR
+from pollux.goodput.throughput import INITIAL_PARAMS, PARAM_CEIL, PARAM_FLOOR, fit_objective
 
 NAMES = ("alpha_grad", "beta_grad", "alpha_local", "beta_local", "alpha_node", "beta_node", "gamma")
 
@@ -294,6 +294,59 @@ def test_objective_gradient_matches_finite_differences():
         _, grad = obj(x)
         num = approx_fprime(x, lambda v: obj(v)[0], 1e-7)
         assert np.allclose(grad, num, rtol=1e-3, atol=1e-5), (grad, num)
+
+
+# A job's first records: the fit must not stall at the kink of |log error| or sink to the floor
+# (tests/test_fit_subsets.py checks the same on subsets of the measured profiles).
+
+
+@pytest.mark.parametrize(("optim", "accum"), [(0.06, 0.045), (0.05823, 0.04393)])
+def test_single_record_fit_does_not_stall_at_the_kink(optim, accum):
+    # One record, 4 replicas on one node: both series fit exactly (T_grad = accum, sync = the rest);
+    # what remains is the regulariser of the pinned node pair, β/α = 1 at the floor: 1e-2.
+    # A single descent from the SPEC start stopped at 0.33 and 0.65 here.
+    fit = fit_throughput([1], [4], [32], [optim], [accum])
+    assert fit.ok
+    assert fit.loss == pytest.approx(1e-2, abs=1e-4)
+    assert float(t_grad(fit.params, 32)) == pytest.approx(accum, rel=1e-3)
+    assert float(t_iter(fit.params, 1, 4, 32)) == pytest.approx(optim, rel=1e-3)
+
+
+def test_pinned_alpha_grad_leaves_the_other_half_of_the_pass_to_beta_grad():
+    # One local batch: prior 4 pins α_grad at half the accumulation time (0.375 s), so β_grad·m must
+    # carry the other half. A single descent from β_grad = 0.01 (a 10 s pass) overshot to 4e-7,
+    # where the log-space gradient vanishes, and predicted half the measured pass.
+    fit = fit_throughput([2], [8], [1024], [0.86], [0.75])
+    assert fit.ok
+    assert "alpha_grad" in fit.pinned
+    assert fit.params.alpha_grad == pytest.approx(0.375, rel=1e-9)
+    assert fit.params.beta_grad * 1024 == pytest.approx(0.375, rel=1e-3)
+    assert float(t_iter(fit.params, 2, 8, 1024)) == pytest.approx(0.86, rel=1e-3)
+
+
+def test_previous_at_the_floor_does_not_trap_the_fit():
+    # A previous fit with every α and β at the floor (where log-space gradients vanish) is one of
+    # the starts; the records show a pass that grows with m and a real single-node sync.
+    floor = ThroughputParams(*([PARAM_FLOOR] * 6), 1.0)
+    n, k, m, optim, accum = synth_records(PRIOR_TRUE, np.random.default_rng(2),
+                                          [(1, 1), (1, 2), (1, 4)], [16, 64])
+    fit = fit_throughput(n, k, m, optim, accum, previous=floor)
+    assert fit.ok
+    assert fit.params.beta_grad == pytest.approx(PRIOR_TRUE.beta_grad, rel=0.2)
+    assert fit.params.alpha_local == pytest.approx(PRIOR_TRUE.alpha_local, rel=0.3)
+
+
+def test_fit_objective_is_the_reported_loss():
+    rng = np.random.default_rng(4)
+    n, k, m, optim, accum = synth_records(PRIOR_TRUE, rng, [(1, 1), (1, 2), (2, 4)], [8, 32])
+    accum[1] = np.nan
+    fit = fit_throughput(n, k, m, optim, accum)
+    assert fit.ok and fit.pinned == ()
+    assert fit_objective(fit.params, n, k, m, optim, accum) == pytest.approx(fit.loss, rel=1e-9)
+    # the loss of other parameters is larger, and duplicates are averaged as the fit averages them
+    assert fit_objective(PRIOR_TRUE, n, k, m, optim, accum) >= fit.loss
+    twice = [np.concatenate([a, a]) for a in (n, k, m, optim, accum)]
+    assert fit_objective(fit.params, *twice) == pytest.approx(fit.loss, rel=1e-9)
 
 
 # --------------------------------------------------------------------------------------------
