@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
 import json
 import re
 import sqlite3
@@ -17,6 +19,7 @@ from pollux.cluster.store import (
     JobSpec,
     JobStore,
     SchemaVersionError,
+    SpecError,
     UnknownJobError,
 )
 from pollux.goodput.records import GradStats, ThroughputParams
@@ -53,7 +56,7 @@ def test_submit_defaults_and_get(store):
     assert other.id == "mine" and other.token != job.token and other.name == "mine"
     with pytest.raises(ValueError, match="already exists"):
         store.submit(SPEC, job_id="mine")
-    assert store.get_job(job.id) == job
+    assert store.get_job(job.id) == dataclasses.replace(job, token=None)  # only the hash is kept
     with pytest.raises(KeyError, match="unknown job 'nope'") as info:
         store.get_job("nope")
     assert isinstance(info.value, UnknownJobError)
@@ -193,7 +196,8 @@ def test_persistence_across_reopen_and_processes(tmp_path):
         with JobStore(path) as second:
             assert s.get_job("a") == second.get_job("a")
         got = s.get_job("a")
-        assert got.state == "starting" and got.token == job.token and got.allocation == {"n0": 2}
+        assert got.state == "starting" and got.allocation == {"n0": 2}
+        assert got.token is None and s.token_matches("a", job.token)
         assert s.get_hints("a") == hints_body() and np.array_equal(s.load_policy_state("p")["v"], np.ones(3))
         assert len(s.transitions("a")) == 2 and s.replicas("a")[0].pid == 99
         assert s.schema_version == SCHEMA_VERSION
@@ -243,6 +247,7 @@ def test_migrates_a_v1_database_keeping_its_jobs(tmp_path):
         job = s.get_job("old")
         assert job.state == "running" and job.restarts == 2 and job.failures == 0
         assert s.add_failure("old") == 1 and s.get_job("old").failures == 1
+        assert s.token_matches("old", "t") and s.job_of_token("t") == "old"
 
 
 def test_list_jobs_filters_by_state(store):
@@ -301,8 +306,9 @@ def test_concurrent_writers_from_two_threads(tmp_path):
 def test_job_spec_errors_name_the_field(change, field):
     data = {**SPEC, **change}
     data = {k: v for k, v in data.items() if not (k in ("entrypoint", "init_batch_size") and v is None)}
-    with pytest.raises(ValueError, match=rf"^{re.escape(field)}:"):
+    with pytest.raises(SpecError, match=rf"^{re.escape(field)}:") as info:
         JobSpec.from_dict(data)
+    assert info.value.field == field
 
 
 def test_job_spec_minimal_and_round_trip():
@@ -311,3 +317,145 @@ def test_job_spec_minimal_and_round_trip():
     assert spec.preemptible and spec.min_replicas == 0 and spec.max_replicas is None
     full = JobSpec.from_dict(SPEC)
     assert JobSpec.from_dict(full.to_dict()) == full and full.local_bsz_bounds == (32, 256)
+
+
+# ----------------------------------------------------------------------------- issue 10: tokens at rest
+
+
+def _file_bytes(path) -> bytes:
+    """The database file and its WAL/shared-memory companions, as they lie on disk."""
+    return b"".join(p.read_bytes() for p in sorted(path.parent.glob(path.name + "*")))
+
+
+def test_tokens_are_stored_only_as_hashes(tmp_path):
+    """Issue 10 item 1: a reader of jobs.db (or of its WAL) must not find a job's token in it."""
+    path = tmp_path / "jobs.db"
+    with JobStore(path) as s:
+        jobs = [s.submit(SPEC, job_id=f"j{i}") for i in range(5)]
+        tokens = [j.token for j in jobs]
+        assert all(isinstance(t, str) and len(t) >= 32 for t in tokens) and len(set(tokens)) == 5
+        raw = sqlite3.connect(path)
+        columns = [r[1] for r in raw.execute("PRAGMA table_info(jobs)")]
+        rows = raw.execute("SELECT * FROM jobs ORDER BY id").fetchall()
+        raw.close()
+        assert "token_hash" in columns and "token" not in columns
+        hashes = {row[0]: row[columns.index("token_hash")] for row in rows}
+        assert hashes == {j.id: hashlib.sha256(j.token.encode()).hexdigest() for j in jobs}
+        for token in tokens:
+            assert not any(token in str(cell) for row in rows for cell in row)
+            assert token.encode() not in _file_bytes(path)
+        assert all(j.token is None for j in s.list_jobs()) and s.get_job("j0").token is None
+        # Matching and finding the job of a token work on the hashes.
+        assert s.token_matches("j0", tokens[0]) and not s.token_matches("j0", tokens[1])
+        assert not s.token_matches("ghost", tokens[0]) and not s.token_matches("j0", None)
+        assert not s.token_matches("j0", "") and not s.token_matches("j0", "\ud800")
+        assert s.job_of_token(tokens[3]) == "j3" and s.job_of_token("nope") is None
+        assert s.job_of_token(None) is None
+        # A new token (a new launch) replaces the old one, which stops working.
+        fresh = s.issue_token("j0")
+        assert fresh != tokens[0] and s.token_matches("j0", fresh) and not s.token_matches("j0", tokens[0])
+        assert s.job_of_token(fresh) == "j0" and s.job_of_token(tokens[0]) is None
+        assert fresh.encode() not in _file_bytes(path)
+        with pytest.raises(UnknownJobError):
+            s.issue_token("ghost")
+    for token in [*tokens, fresh]:
+        assert token.encode() not in _file_bytes(path)
+
+
+def test_migrates_plain_tokens_of_a_v2_database_to_hashes(tmp_path):
+    """A store written by schema version 2 (plain tokens) opens with every token hashed, the jobs
+    intact, an index for finding a job by token, and no plain token left anywhere in the file."""
+    from pollux.cluster.store import MIGRATIONS
+    path = tmp_path / "v2.db"
+    conn = sqlite3.connect(path)
+    for statement in [*MIGRATIONS[0], *MIGRATIONS[1]]:
+        conn.execute(statement)
+    conn.execute("CREATE TABLE schema_version (version INTEGER NOT NULL)")
+    conn.execute("INSERT INTO schema_version VALUES (2)")
+    plain = {f"old{i}": f"plain-token-{i:03d}-" + "x" * 30 for i in range(40)}
+    for jid, token in plain.items():
+        conn.execute("INSERT INTO jobs (id, name, spec, state, token, submit_time) "
+                     "VALUES (?, ?, ?, 'pending', ?, 1.0)", (jid, jid, json.dumps(SPEC), token))
+    conn.commit()
+    conn.close()
+    assert b"plain-token-007-" in path.read_bytes()
+    with JobStore(path) as s:
+        assert s.schema_version == SCHEMA_VERSION >= 3
+        assert [j.id for j in s.list_jobs()] == list(plain)
+        assert all(s.token_matches(jid, token) for jid, token in plain.items())
+        assert s.job_of_token(plain["old7"]) == "old7"
+        raw = sqlite3.connect(path)
+        stored = dict(raw.execute("SELECT id, token_hash FROM jobs"))
+        plan = " ".join(str(r) for r in raw.execute(
+            "EXPLAIN QUERY PLAN SELECT id FROM jobs WHERE token_hash = 'x'"))
+        raw.close()
+        assert stored == {jid: hashlib.sha256(t.encode()).hexdigest() for jid, t in plain.items()}
+        assert "jobs_token_hash" in plan
+        assert b"plain-token-" not in _file_bytes(path)
+    assert b"plain-token-" not in _file_bytes(path)
+
+
+def test_count_by_state(store):
+    assert store.count_by_state() == dict.fromkeys(
+        ("pending", "starting", "running", "rescaling", "succeeded", "failed", "cancelled"), 0)
+    for i in range(5):
+        store.submit(SPEC, job_id=f"j{i}")
+    store.transition("j1", "starting")
+    store.transition("j2", "cancelled")
+    store.transition("j3", "starting")
+    store.transition("j3", "running")
+    counts = store.count_by_state()
+    assert counts["pending"] == 2 and counts["starting"] == 1 and counts["running"] == 1
+    assert counts["cancelled"] == 1 and sum(counts.values()) == 5 and counts["failed"] == 0
+
+
+def test_submit_validates_name_and_spec_objects(store):
+    """A name with a newline and escape sequences (item 10) is refused, and so is a JobSpec object
+    built in code with values from_dict would refuse (item 3); nothing is stored."""
+    with pytest.raises(SpecError, match=r"^name:") as info:
+        store.submit(SPEC, name="evil\x1b[31m\nname")
+    assert info.value.field == "name"
+    with pytest.raises(SpecError, match=r"^min_replicas:"):
+        store.submit(JobSpec(entrypoint="t.py", init_batch_size=8, min_replicas=10**20))
+    with pytest.raises(ValueError, match=r"^job_id:"):
+        store.submit(SPEC, job_id="a/b")
+    assert store.list_jobs() == []
+
+
+# ------------------------------------------------------------------- issue 10: one bad row lists
+
+
+def test_a_row_whose_spec_no_longer_validates_does_not_break_listing(tmp_path):
+    """Issue 10 item 2: one stored job whose spec does not validate (an older Pollux stored a lone
+    surrogate and min_replicas 1e20; a hand edit left no JSON at all) must not make every listing
+    fail. Such a job is listed with ``spec_error``; if it could still run it is failed instead."""
+    path = tmp_path / "jobs.db"
+    with JobStore(path) as s:
+        for jid in ("good", "poison", "broken", "done"):
+            s.submit(SPEC, job_id=jid)
+        s.transition("done", "cancelled")
+    raw = sqlite3.connect(path)
+    poison = {**SPEC, "entrypoint": "/tmp/\ud800.py", "min_replicas": 1e20}
+    raw.execute("UPDATE jobs SET spec = ? WHERE id = 'poison'", (json.dumps(poison),))
+    raw.execute("UPDATE jobs SET spec = '{\"entrypoint\": [' WHERE id = 'broken'")
+    raw.execute("UPDATE jobs SET spec = 'null', name = CAST(X'66ff6f' AS TEXT) WHERE id = 'done'")
+    raw.commit()
+    raw.close()
+    with JobStore(path) as s:
+        assert [j.id for j in s.list_jobs(["pending"])] == ["good"]
+        jobs = {j.id: j for j in s.list_jobs()}
+        assert list(jobs) == ["good", "poison", "broken", "done"]
+        assert jobs["good"].spec_error is None and jobs["good"].spec == JobSpec.from_dict(SPEC)
+        bad = jobs["poison"]
+        assert bad.state == "failed" and bad.spec_error.startswith("entrypoint:")
+        assert bad.failure_reason.startswith("invalid spec: entrypoint:")
+        # The best-effort spec keeps what still validates and is printable JSON.
+        assert bad.spec.init_batch_size == 128 and bad.spec.min_replicas == 0
+        assert bad.spec.args == ("--lr", "0.1")
+        for job in jobs.values():
+            json.dumps(job.spec.to_dict(), ensure_ascii=False).encode("utf-8")
+            job.name.encode("utf-8")
+        assert jobs["broken"].state == "failed" and "not valid JSON" in jobs["broken"].spec_error
+        assert jobs["done"].state == "cancelled" and jobs["done"].spec_error.startswith("spec:")
+        assert s.get_job("done").name == "f\ufffdo"
+        assert s.get_job("poison").state == "failed" and s.count_by_state()["failed"] == 2

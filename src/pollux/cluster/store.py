@@ -5,9 +5,12 @@ Every operation commits before it returns, so a service restart loses nothing, a
 in WAL mode with foreign keys on; one :class:`JobStore` holds one connection, guarded by a lock, so
 it may be shared among threads.
 
-The schema is versioned: ``schema_version`` holds one row, and :data:`MIGRATIONS` lists the SQL steps
-that take a database from version ``i`` to ``i + 1``, each applied inside one transaction. Opening an
-older database migrates it; opening one newer than this code knows raises :class:`SchemaVersionError`.
+The schema is versioned (:mod:`pollux.cluster.schema`): opening an older database migrates it, each
+version's steps inside one transaction; opening one newer than this code knows raises
+:class:`SchemaVersionError`. Job tokens are stored only as hashes (:func:`hash_token`): the plain
+token exists on the record :meth:`JobStore.submit` returns and in :meth:`JobStore.issue_token`'s
+answer, never in the file. A job spec is validated strictly when submitted and read back leniently
+(:meth:`JobSpec.from_stored`), so that one bad row never breaks reading the others.
 
 Job lifecycle (every transition recorded in the ``transitions`` table)::
 
@@ -22,17 +25,22 @@ appended to its history when it had GPUs).
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import logging
 import math
+import re
 import secrets
 import sqlite3
 import threading
 import time
-from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from pollux.cluster.schema import MIGRATIONS, SCHEMA_VERSION, SchemaVersionError, hash_token
+from pollux.cluster.spec import JobSpec, SpecError, validate_name
 from pollux.hints import validate_hints
 from pollux.policy.base import PolicyState, decode_state, encode_state
 
@@ -48,8 +56,10 @@ __all__ = [
     "JobStore",
     "ReplicaRecord",
     "SchemaVersionError",
+    "SpecError",
     "TransitionRecord",
     "UnknownJobError",
+    "hash_token",
 ]
 
 JOB_STATES = ("pending", "starting", "running", "rescaling", "succeeded", "failed", "cancelled")
@@ -67,75 +77,7 @@ _TRANSITIONS: dict[str, frozenset[str]] = {
     "cancelled": frozenset(),
 }
 
-#: Migration steps: ``MIGRATIONS[i]`` takes the schema from version ``i`` to ``i + 1``.
-MIGRATIONS: list[list[str]] = [
-    [
-        """CREATE TABLE jobs (
-            id TEXT PRIMARY KEY,
-            name TEXT NOT NULL,
-            spec TEXT NOT NULL,
-            state TEXT NOT NULL,
-            token TEXT NOT NULL,
-            submit_time REAL NOT NULL,
-            start_time REAL,
-            end_time REAL,
-            restarts INTEGER NOT NULL DEFAULT 0,
-            failure_reason TEXT,
-            attained_service REAL NOT NULL DEFAULT 0.0,
-            allocation TEXT NOT NULL DEFAULT '{}'
-        )""",
-        "CREATE INDEX jobs_state ON jobs(state)",
-        """CREATE TABLE transitions (
-            seq INTEGER PRIMARY KEY AUTOINCREMENT,
-            job_id TEXT NOT NULL REFERENCES jobs(id) ON DELETE CASCADE,
-            from_state TEXT,
-            to_state TEXT NOT NULL,
-            time REAL NOT NULL,
-            reason TEXT
-        )""",
-        "CREATE INDEX transitions_job ON transitions(job_id, seq)",
-        """CREATE TABLE allocations (
-            seq INTEGER PRIMARY KEY AUTOINCREMENT,
-            job_id TEXT NOT NULL REFERENCES jobs(id) ON DELETE CASCADE,
-            time REAL NOT NULL,
-            allocation TEXT NOT NULL
-        )""",
-        "CREATE INDEX allocations_job ON allocations(job_id, seq)",
-        """CREATE TABLE hints (
-            job_id TEXT PRIMARY KEY REFERENCES jobs(id) ON DELETE CASCADE,
-            time REAL NOT NULL,
-            hints TEXT NOT NULL
-        )""",
-        """CREATE TABLE policy_state (
-            name TEXT PRIMARY KEY,
-            time REAL NOT NULL,
-            state TEXT NOT NULL
-        )""",
-        """CREATE TABLE replicas (
-            job_id TEXT NOT NULL REFERENCES jobs(id) ON DELETE CASCADE,
-            restart INTEGER NOT NULL,
-            rank INTEGER NOT NULL,
-            node TEXT NOT NULL,
-            pid INTEGER,
-            log_path TEXT,
-            start_time REAL NOT NULL,
-            exit_code INTEGER,
-            end_time REAL,
-            PRIMARY KEY (job_id, restart, rank)
-        )""",
-    ],
-    [
-        # Version 2: failed runs are counted apart from restarts (re-allocations also restart a job),
-        # so that only failures use up the retry budget.
-        "ALTER TABLE jobs ADD COLUMN failures INTEGER NOT NULL DEFAULT 0",
-    ],
-]
-#: The schema version this code writes.
-SCHEMA_VERSION = len(MIGRATIONS)
-
-
-class SchemaVersionError(RuntimeError):
-    """The database was written by a newer Pollux with a schema this code does not know."""
+_log = logging.getLogger(__name__)
 
 
 class UnknownJobError(KeyError):
@@ -152,112 +94,21 @@ class UnknownJobError(KeyError):
 # ---------------------------------------------------------------------------------------------- records
 
 
-def _int(data: Mapping[str, Any], name: str, *, minimum: int, default: Any = ...) -> Any:
-    if name not in data or data[name] is None:
-        if default is ...:
-            raise ValueError(f"{name}: required field is missing")
-        return default
-    value = data[name]
-    if isinstance(value, bool) or not isinstance(value, int | float) or value != int(value):
-        raise ValueError(f"{name}: expected an integer, got {value!r}")
-    if value < minimum:
-        raise ValueError(f"{name}: must be >= {minimum}, got {value!r}")
-    return int(value)
-
-
-@dataclass(frozen=True)
-class JobSpec:
-    """What a user submits: how to run the job and its batch and replica limits.
-
-    ``entrypoint`` and ``init_batch_size`` are required. ``max_batch_size`` None means a fixed batch;
-    ``local_bsz_bounds`` entries None mean unbounded; ``resources`` are per replica (default one GPU).
-    """
-
-    entrypoint: str
-    init_batch_size: int
-    args: tuple[str, ...] = ()
-    working_dir: str | None = None
-    max_batch_size: int | None = None
-    local_bsz_bounds: tuple[int | None, int | None] | None = None
-    min_replicas: int = 0
-    max_replicas: int | None = None
-    resources: dict[str, float] = field(default_factory=lambda: {"GPU": 1.0})
-    preemptible: bool = True
-
-    @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> JobSpec:
-        """Validate a spec dict; raises ValueError whose message starts with the offending field."""
-        if not isinstance(data, Mapping):
-            raise ValueError(f"spec: expected an object, got {type(data).__name__}")
-        known = {f for f in cls.__dataclass_fields__}
-        unknown = sorted(set(data) - known)
-        if unknown:
-            raise ValueError(f"{unknown[0]}: unknown field")
-        entry = data.get("entrypoint")
-        if entry is None:
-            raise ValueError("entrypoint: required field is missing")
-        if not isinstance(entry, str) or not entry.strip():
-            raise ValueError(f"entrypoint: expected a non-empty string, got {entry!r}")
-        args = data.get("args") or ()
-        if isinstance(args, str) or not isinstance(args, Sequence) or \
-                not all(isinstance(a, str) for a in args):
-            raise ValueError(f"args: expected a list of strings, got {args!r}")
-        working_dir = data.get("working_dir")
-        if working_dir is not None and not isinstance(working_dir, str):
-            raise ValueError(f"working_dir: expected a string, got {working_dir!r}")
-        init = _int(data, "init_batch_size", minimum=1)
-        max_bsz = _int(data, "max_batch_size", minimum=1, default=None)
-        if max_bsz is not None and max_bsz < init:
-            raise ValueError(f"max_batch_size: {max_bsz} is below init_batch_size {init}")
-        bounds = data.get("local_bsz_bounds")
-        if bounds is not None:
-            if isinstance(bounds, str) or not isinstance(bounds, Sequence) or len(bounds) != 2:
-                raise ValueError(f"local_bsz_bounds: expected [lo, hi], got {bounds!r}")
-            lo = _int({"local_bsz_bounds": bounds[0]}, "local_bsz_bounds", minimum=1, default=None)
-            hi = _int({"local_bsz_bounds": bounds[1]}, "local_bsz_bounds", minimum=1, default=None)
-            if lo is not None and hi is not None and lo > hi:
-                raise ValueError(f"local_bsz_bounds: lower bound {lo} exceeds upper bound {hi}")
-            bounds = (lo, hi)
-        min_r = _int(data, "min_replicas", minimum=0, default=0)
-        max_r = _int(data, "max_replicas", minimum=1, default=None)
-        if max_r is not None and max_r < min_r:
-            raise ValueError(f"max_replicas: {max_r} is below min_replicas {min_r}")
-        resources = data.get("resources")
-        if resources is None:
-            resources = {"GPU": 1.0}
-        if not isinstance(resources, Mapping):
-            raise ValueError(f"resources: expected an object, got {resources!r}")
-        res: dict[str, float] = {}
-        for key, value in resources.items():
-            if not isinstance(key, str) or isinstance(value, bool) or not isinstance(value, int | float) \
-                    or not math.isfinite(value) or value < 0:
-                raise ValueError(f"resources.{key}: expected a finite non-negative number, got {value!r}")
-            res[key] = float(value)
-        preemptible = data.get("preemptible", True)
-        if not isinstance(preemptible, bool):
-            raise ValueError(f"preemptible: expected a boolean, got {preemptible!r}")
-        return cls(entrypoint=entry, init_batch_size=init, args=tuple(args), working_dir=working_dir,
-                   max_batch_size=max_bsz, local_bsz_bounds=bounds, min_replicas=min_r,
-                   max_replicas=max_r, resources=res, preemptible=preemptible)
-
-    def to_dict(self) -> dict[str, Any]:
-        """Plain JSON types; ``JobSpec.from_dict(spec.to_dict()) == spec``."""
-        out = asdict(self)
-        out["args"] = list(self.args)
-        out["local_bsz_bounds"] = None if self.local_bsz_bounds is None else list(self.local_bsz_bounds)
-        out["resources"] = dict(self.resources)
-        return out
-
-
 @dataclass(frozen=True)
 class JobRecord:
-    """One row of ``jobs``; ``allocation`` is the job's current ``{node: GPUs}``."""
+    """One row of ``jobs``; ``allocation`` is the job's current ``{node: GPUs}``.
+
+    ``token`` is the job's plain token on the record :meth:`JobStore.submit` returns, and None on
+    every record read back (only its hash is stored). ``spec_error`` is None, or — for a row whose
+    stored spec no longer validates — the first problem, ``spec`` then being a best-effort reading
+    (:meth:`JobSpec.from_stored`).
+    """
 
     id: str
     name: str
     spec: JobSpec
     state: str
-    token: str
+    token: str | None
     submit_time: float
     start_time: float | None
     end_time: float | None
@@ -266,6 +117,7 @@ class JobRecord:
     attained_service: float
     allocation: dict[str, int]
     failures: int = 0
+    spec_error: str | None = None
 
     @property
     def terminal(self) -> bool:
@@ -308,6 +160,27 @@ def _now(now: float | None) -> float:
     return time.time() if now is None else float(now)
 
 
+#: What an explicit ``job_id`` may be (it appears in URLs, file names and Ray actor names).
+_JOB_ID = re.compile(r"[A-Za-z0-9._-]{1,128}")
+
+
+def _stored_allocation(text: str) -> dict[str, int]:
+    """A stored ``{node: GPUs}``; an unreadable one reads as no allocation rather than raising."""
+    try:
+        data = json.loads(text)
+    except (TypeError, ValueError, RecursionError):
+        return {}
+    if not isinstance(data, dict):
+        return {}
+    return {str(k): int(v) for k, v in data.items()
+            if isinstance(v, int) and not isinstance(v, bool) and v > 0}
+
+
+def _decode_text(raw: bytes) -> str:
+    """SQLite TEXT to str; bytes that are not UTF-8 (a file edited by hand) do not fail the read."""
+    return raw.decode("utf-8", "replace")
+
+
 def _check_allocation(allocation: Mapping[str, int]) -> dict[str, int]:
     if not isinstance(allocation, Mapping):
         raise ValueError(f"allocation: expected {{node: gpus}}, got {allocation!r}")
@@ -329,9 +202,12 @@ class JobStore:
         self._conn = sqlite3.connect(str(self.path), timeout=timeout, isolation_level=None,
                                      check_same_thread=False)
         self._conn.row_factory = sqlite3.Row
+        self._conn.text_factory = _decode_text
         try:
             self._conn.execute("PRAGMA journal_mode=WAL")
             self._conn.execute("PRAGMA foreign_keys=ON")
+            # Deleted or replaced content (a plain token before migration 3) is zeroed, not left behind.
+            self._conn.execute("PRAGMA secure_delete=ON")
             self._conn.execute(f"PRAGMA busy_timeout={int(timeout * 1000)}")
             self._migrate()
         except BaseException:
@@ -367,6 +243,7 @@ class JobStore:
         return 0 if row is None else int(row[0])
 
     def _migrate(self) -> None:
+        migrated = False
         with self._lock:
             while True:
                 with self._tx() as conn:
@@ -376,12 +253,18 @@ class JobStore:
                             f"job store {self.path} has schema version {version}, newer than the "
                             f"{SCHEMA_VERSION} this Pollux knows; upgrade Pollux to open it")
                     if version == SCHEMA_VERSION:
-                        return
+                        break
+                    migrated = True
                     conn.execute("CREATE TABLE IF NOT EXISTS schema_version (version INTEGER NOT NULL)")
-                    for statement in MIGRATIONS[version]:
-                        conn.execute(statement)
+                    for step in MIGRATIONS[version]:
+                        if callable(step):
+                            step(conn)
+                        else:
+                            conn.execute(step)
                     conn.execute("DELETE FROM schema_version")
                     conn.execute("INSERT INTO schema_version (version) VALUES (?)", (version + 1,))
+            if migrated:  # write the migrated pages into the file now, overwriting the old ones
+                self._conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
 
     def _row(self, conn: sqlite3.Connection, job_id: str) -> sqlite3.Row:
         row = conn.execute("SELECT * FROM jobs WHERE id = ?", (job_id,)).fetchone()
@@ -391,20 +274,31 @@ class JobStore:
 
     @staticmethod
     def _job(row: sqlite3.Row) -> JobRecord:
+        """A record from a row; never raises for a row whose content no longer validates."""
+        spec, spec_error = JobSpec.from_stored(row["spec"])
         return JobRecord(
-            id=row["id"], name=row["name"], spec=JobSpec.from_dict(json.loads(row["spec"])),
-            state=row["state"], token=row["token"], submit_time=row["submit_time"],
-            start_time=row["start_time"], end_time=row["end_time"], restarts=row["restarts"],
-            failure_reason=row["failure_reason"], attained_service=row["attained_service"],
-            allocation=json.loads(row["allocation"]), failures=row["failures"])
+            id=row["id"], name=row["name"], spec=spec, state=row["state"], token=None,
+            submit_time=row["submit_time"], start_time=row["start_time"], end_time=row["end_time"],
+            restarts=row["restarts"], failure_reason=row["failure_reason"],
+            attained_service=row["attained_service"], allocation=_stored_allocation(row["allocation"]),
+            failures=row["failures"], spec_error=spec_error)
 
     # -- jobs
 
     def submit(self, spec: JobSpec | Mapping[str, Any], *, name: str | None = None,
                job_id: str | None = None, now: float | None = None) -> JobRecord:
-        """Add a pending job; ``job_id`` defaults to ``job-<8 hex>``. Raises ValueError on a bad spec
-        or an id already taken."""
-        spec = spec if isinstance(spec, JobSpec) else JobSpec.from_dict(spec)
+        """Add a pending job; ``job_id`` defaults to ``job-<8 hex>``, ``name`` to the id.
+
+        Raises :class:`SpecError` (a ValueError naming the field) for a bad spec or name, ValueError
+        for a bad id or one already taken. The returned record is the only one that carries the
+        job's plain token; the store keeps its hash.
+        """
+        spec = JobSpec.from_dict(spec.to_dict() if isinstance(spec, JobSpec) else spec)
+        if name is not None:
+            name = validate_name(name)
+        if job_id is not None and (not isinstance(job_id, str) or not _JOB_ID.fullmatch(job_id)):
+            raise ValueError(f"job_id: expected 1-128 letters, digits, '.', '_' or '-', got {job_id!r:.80}")
+        token = secrets.token_urlsafe(32)
         t = _now(now)
         with self._tx() as conn:
             if job_id is None:
@@ -412,17 +306,15 @@ class JobStore:
                     job_id = f"job-{secrets.token_hex(4)}"
                     if conn.execute("SELECT 1 FROM jobs WHERE id = ?", (job_id,)).fetchone() is None:
                         break
-            elif not isinstance(job_id, str) or not job_id:
-                raise ValueError(f"job_id: expected a non-empty string, got {job_id!r}")
             elif conn.execute("SELECT 1 FROM jobs WHERE id = ?", (job_id,)).fetchone() is not None:
                 raise ValueError(f"job_id: {job_id!r} already exists")
             conn.execute(
-                "INSERT INTO jobs (id, name, spec, state, token, submit_time) VALUES (?, ?, ?, ?, ?, ?)",
+                "INSERT INTO jobs (id, name, spec, state, token_hash, submit_time) VALUES (?, ?, ?, ?, ?, ?)",
                 (job_id, name if name is not None else job_id, json.dumps(spec.to_dict()), "pending",
-                 secrets.token_urlsafe(32), t))
+                 hash_token(token), t))
             conn.execute("INSERT INTO transitions (job_id, from_state, to_state, time, reason) "
                          "VALUES (?, NULL, 'pending', ?, 'submitted')", (job_id, t))
-            return self._job(self._row(conn, job_id))
+            return dataclasses.replace(self._job(self._row(conn, job_id)), token=token)
 
     def get_job(self, job_id: str) -> JobRecord:
         """The job; raises :class:`UnknownJobError` (a KeyError) for an unknown id."""
@@ -430,20 +322,82 @@ class JobStore:
             return self._job(self._row(self._conn, job_id))
 
     def list_jobs(self, states: Iterable[str] | None = None) -> list[JobRecord]:
-        """Jobs in submission order, optionally only those in ``states``."""
+        """Jobs in submission order, optionally only those in ``states``.
+
+        Never fails because of one bad row: a job whose stored spec no longer validates is listed
+        with ``spec_error`` set, and if it is not terminal yet it is failed first (reason
+        ``invalid spec: ...``), so that no scheduling round ever sees it.
+        """
+        wanted = None if states is None else list(states)
+        for s in wanted or ():
+            if s not in JOB_STATES:
+                raise ValueError(f"states: unknown job state {s!r}")
         with self._lock:
-            if states is None:
+            if wanted is None:
                 rows = self._conn.execute("SELECT * FROM jobs ORDER BY submit_time, rowid").fetchall()
             else:
-                wanted = list(states)
-                for s in wanted:
-                    if s not in JOB_STATES:
-                        raise ValueError(f"states: unknown job state {s!r}")
                 marks = ",".join("?" * len(wanted))
                 rows = self._conn.execute(
                     f"SELECT * FROM jobs WHERE state IN ({marks}) ORDER BY submit_time, rowid",
                     wanted).fetchall()
-            return [self._job(r) for r in rows]
+            jobs = [self._job(r) for r in rows]
+            if any(j.spec_error is not None and not j.terminal for j in jobs):
+                jobs = [self._fail_invalid(j) for j in jobs]
+                if wanted is not None:
+                    jobs = [j for j in jobs if j.state in wanted]
+            return jobs
+
+    def _fail_invalid(self, job: JobRecord) -> JobRecord:
+        if job.spec_error is None or job.terminal:
+            return job
+        _log.error("job %s: stored spec is invalid (%s); failing it", job.id, job.spec_error)
+        try:
+            return self.transition(job.id, "failed", reason=f"invalid spec: {job.spec_error}")
+        except (sqlite3.Error, ValueError) as exc:  # a read-only file, or it moved on meanwhile
+            _log.error("job %s: could not fail it: %s", job.id, exc)
+            return job
+
+    def count_by_state(self) -> dict[str, int]:
+        """``{state: number of jobs}`` for every state of :data:`JOB_STATES` (zeros included),
+        counted by SQL without loading a single job."""
+        counts = dict.fromkeys(JOB_STATES, 0)
+        with self._lock:
+            for state, n in self._conn.execute("SELECT state, COUNT(*) FROM jobs GROUP BY state"):
+                counts[state] = int(n)
+        return counts
+
+    # -- tokens
+
+    def issue_token(self, job_id: str) -> str:
+        """A new random token for the job, whose hash replaces the previous one; returns it plain.
+
+        The controller calls this at every launch and hands the token to the replicas
+        (``POLLUX_JOB_TOKEN``); a replica of an earlier launch can no longer act for the job.
+        """
+        token = secrets.token_urlsafe(32)
+        with self._tx() as conn:
+            self._row(conn, job_id)
+            conn.execute("UPDATE jobs SET token_hash = ? WHERE id = ?", (hash_token(token), job_id))
+        return token
+
+    def token_matches(self, job_id: str, token: Any) -> bool:
+        """Whether ``token`` is the job's current token (a constant-time comparison of hashes);
+        False for an unknown job or a token that is not a non-empty string."""
+        if not isinstance(token, str) or not token:
+            return False
+        with self._lock:
+            row = self._conn.execute("SELECT token_hash FROM jobs WHERE id = ?", (job_id,)).fetchone()
+        return row is not None and secrets.compare_digest(hash_token(token), str(row[0]))
+
+    def job_of_token(self, token: Any) -> str | None:
+        """The id of the job whose current token this is, or None (so the API can answer 403 to a
+        valid token of another job and 401 to a token of none). Looked up by hash, by index."""
+        if not isinstance(token, str) or not token:
+            return None
+        with self._lock:
+            row = self._conn.execute("SELECT id FROM jobs WHERE token_hash = ?",
+                                     (hash_token(token),)).fetchone()
+        return None if row is None else str(row[0])
 
     def transition(self, job_id: str, new_state: str, reason: str | None = None,
                    now: float | None = None) -> JobRecord:
