@@ -17,6 +17,7 @@ from pollux.goodput import GradStats, ThroughputParams
 from pollux.hints import build_hints
 
 ADMIN = "admin-secret-token"
+#: The entrypoint (relative to ``working_dir``) must exist now: the API checks it at submission.
 SPEC = {"entrypoint": "train.py", "init_batch_size": 128, "max_batch_size": 4096, "max_replicas": 4}
 
 
@@ -35,6 +36,17 @@ def make_hints() -> dict:
 def store(tmp_path):
     with JobStore(tmp_path / "jobs.db") as s:
         yield s
+
+
+@pytest.fixture(autouse=True)
+def workdir(tmp_path):
+    """A real working folder with the entrypoint SPEC names; SPEC points at it for this test."""
+    folder = tmp_path / "work"
+    folder.mkdir()
+    (folder / "train.py").write_text("print('training')\n")
+    SPEC["working_dir"] = str(folder)
+    yield folder
+    SPEC.pop("working_dir", None)
 
 
 @pytest.fixture
@@ -256,3 +268,20 @@ def test_real_uvicorn_server_on_loopback(store):
         server.should_exit = True
         thread.join(timeout=10)
     assert not thread.is_alive()
+
+
+def test_unknown_query_parameters_are_422_naming_them(client):
+    """A misspelt filter is an error, not a silently unfiltered list."""
+    r = client.get("/v1/jobs", params={"states": "running"}, headers=auth(ADMIN))
+    assert r.status_code == 422 and r.json()["field"] == "states"
+    assert client.get("/metrics", params={"x": "1"}).json()["field"] == "x"
+
+
+def test_check_files_off_accepts_paths_the_service_cannot_see(store):
+    """Where the replicas' file system is not the service's, ``check_files=False`` skips that check
+    (format and ranges are still checked)."""
+    with TestClient(create_app(store, ADMIN, check_files=False)) as c:
+        spec = {"entrypoint": "/elsewhere/train.py", "init_batch_size": 8}
+        assert c.post("/v1/jobs", json={"spec": spec}, headers=auth(ADMIN)).status_code == 201
+        r = c.post("/v1/jobs", json={"spec": {**spec, "init_batch_size": 0}}, headers=auth(ADMIN))
+        assert r.status_code == 422 and r.json()["field"] == "spec.init_batch_size"

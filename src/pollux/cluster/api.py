@@ -1,46 +1,79 @@
 """The REST API of the live scheduler service (SPEC §9), built with FastAPI.
 
 :func:`create_app` returns an application over a :class:`~pollux.cluster.store.JobStore`. Every
-endpoint but ``GET /v1/health`` and ``GET /metrics`` needs ``Authorization: Bearer <token>``:
+endpoint but ``GET /v1/health`` and ``GET /metrics`` needs ``Authorization: Bearer <token>``. Answers
+and their status codes (every route also answers 422 to a query parameter it does not take):
 
 ==========================================  =================================================================
-``GET  /v1/health``                         ``{"status": "ok"}``; no auth
+``GET  /v1/health``                         no auth; 200 ``{"status": "ok"}``
 ``POST /v1/jobs``                           admin; body ``{"name"?: str, "spec": {...}}`` → 201, the job with
-                                            its ``token`` (returned only here, for the agent's environment)
-``GET  /v1/jobs[?state=S...]``              admin; the jobs (no tokens), optionally only those in states S
-``GET  /v1/jobs/{id}``                      admin; the job, allocation history, transitions, replicas, hints
-``POST /v1/jobs/{id}/cancel``               admin; → cancelled (409 if already terminal)
-``GET  /v1/cluster``                        admin; nodes and GPU slots, policy, interval, rounds run
-``GET  /v1/jobs/{id}/logs[?restart&rank]``  admin; text/plain, the replicas' log files that exist, each after
-                                            a header line ``==> restart R rank K (node N) <==``
-``PUT  /v1/jobs/{id}/hints``                admin or the job's own token (another job's token → 403); the
-                                            body is validated against the hints contract (SPEC §8)
-``GET  /metrics``                           Prometheus text format; no auth (loopback by default, and it
-                                            reveals only counts), so a scraper needs no token
+                                            its ``token`` (returned only here, for the agent's environment);
+                                            401, 413 (body over 1 MiB), 422 (invalid JSON, nested over 32
+                                            deep, a lone surrogate, an invalid or infeasible spec or name)
+``GET  /v1/jobs[?state=S...]``              admin; 200 the jobs (no tokens), optionally only those in states
+                                            S; 401, 422 (unknown state)
+``GET  /v1/jobs/{id}``                      admin; 200 the job, allocation history, transitions, replicas,
+                                            hints; 401, 404
+``POST /v1/jobs/{id}/cancel``               admin; 200 → cancelled; 401, 404, 409 (already terminal)
+``GET  /v1/cluster``                        admin; 200 nodes and GPU slots, policy, interval, rounds run;
+                                            401, 404 (no cluster backend)
+``GET  /v1/jobs/{id}/logs[?restart&rank]``  admin; 200 text/plain, the replicas' log files that exist, each
+                                            after a header line ``==> restart R rank K (node N) <==``; 401,
+                                            404, 422 (restart/rank not an integer in 0..2**31-1)
+``PUT  /v1/jobs/{id}/hints``                admin or the job's own current token; 200 the hints as stored;
+                                            401, 403 (another job's token), 404, 413, 422 (the hints
+                                            contract, SPEC §8, plus the body limits above)
+``GET  /metrics``                           no auth (loopback by default, and it reveals only counts), so a
+                                            scraper needs no token; 200 Prometheus text, from counts alone
 ==========================================  =================================================================
 
-Errors are JSON: ``{"detail": message}``, and for a validation error (422) also ``"field"``, the dotted
-path of the offending value (``"spec.init_batch_size"``, ``"throughput.gamma"``). A missing or wrong
-token gives 401, an unknown job 404.
+Tokens: the admin token (compared in constant time) authorises everything. A job's token (the store
+keeps only its hash) authorises exactly one thing, ``PUT`` of that job's own hints; anywhere else it
+is an unknown token (401).
 
-Request bodies are parsed here with :func:`json.loads` rather than by the framework, so that the error
-names the field and so that non-finite numbers (``NaN``, ``Infinity``, which Python's parser accepts)
-are rejected with 422 naming where they are.
+Errors are JSON: ``{"detail": message}``, and for a validation error (422) or an over-large body (413)
+also ``"field"``, the dotted path of the offending value (``"spec.init_batch_size"``,
+``"throughput.gamma"``, ``"restart"``, ``"body"``); the message starts with it. A missing or wrong
+token gives 401, an unknown job 404. The framework's own validation errors (a query parameter of the
+wrong type or out of range) have the same shape.
+
+Request bodies are parsed here rather than by the framework, within the limits of
+:mod:`pollux.cluster.limits` (size, nesting depth, lone surrogates), so that each error names the
+field, and non-finite numbers (``NaN``, ``Infinity``, which Python's parser accepts) are rejected with
+422 naming where they are. A submitted spec is validated in full before anything is stored: its
+format and ranges (:meth:`JobSpec.from_dict`), its files as the service sees them
+(:meth:`JobSpec.check_files`) and whether the cluster could ever run it
+(:meth:`JobSpec.check_feasible`). The OpenAPI document (``GET /openapi.json``,
+:mod:`pollux.cluster.api_schema`) describes every body, answer and error.
+
+Answers are rendered so that no stored value can make one fail: text that cannot be encoded as UTF-8
+(a lone surrogate from an older database) is replaced, a non-finite number becomes ``null``; one odd
+job therefore never turns a listing into a 500.
 """
 
 from __future__ import annotations
 
+import codecs
+import hashlib
+import hmac
 import json
+import logging
 import math
-import secrets
+import re
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
-from fastapi import FastAPI, HTTPException, Query, Request
-from fastapi.responses import JSONResponse, PlainTextResponse
+from fastapi import Depends, FastAPI, HTTPException, Query, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
+from starlette.concurrency import run_in_threadpool
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from pollux.cluster import api_schema as doc
+from pollux.cluster.limits import MAX_QUERY_INT, RequestError, find_nonfinite, read_json_body
+from pollux.cluster.spec import JobSpec, SpecError, validate_name
 from pollux.cluster.store import (
     JOB_STATES,
     TERMINAL_STATES,
@@ -53,25 +86,54 @@ from pollux.cluster.store import (
 )
 from pollux.hints import HintsError
 
-__all__ = ["create_app"]
+__all__ = ["SafeJSONResponse", "create_app"]
+
+_log = logging.getLogger(__name__)
+
+_JOB_ID = re.compile(doc.JOB_ID_PATTERN)
+_SURROGATE = re.compile("[\ud800-\udfff]")
+_StateName = Literal[JOB_STATES]  # type: ignore[valid-type]
+#: ``?state=`` (repeatable): the states of the jobs to list.
+_StatesQuery = Annotated[list[_StateName],  # type: ignore[valid-type]
+                         Query(description="Only jobs in these states (repeatable).")]
+#: ``?restart=`` and ``?rank=``: whole numbers in SQLite's (and any real job's) range; absent = all.
+_IndexQuery = Annotated[int, Query(ge=0, le=MAX_QUERY_INT)]
+_LOG_CHUNK = 1 << 16
 
 
-class _ValidationFailure(Exception):
-    """A request body or parameter failed validation; answered with 422 naming ``field``."""
+def _sanitise(value: Any) -> Any:
+    """``value`` with every lone surrogate replaced by U+FFFD and every non-finite float by None."""
+    if isinstance(value, str):
+        return _SURROGATE.sub("\ufffd", value)
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, Mapping):
+        return {_sanitise(str(k)): _sanitise(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_sanitise(v) for v in value]
+    return value
 
-    def __init__(self, field: str, detail: str) -> None:
-        super().__init__(detail)
-        self.field = field
-        self.detail = detail
+
+class SafeJSONResponse(JSONResponse):
+    """A JSON answer that can always be sent: strict JSON when the content allows, else the content
+    with lone surrogates replaced and non-finite numbers as null (never an encoding error, a 500)."""
+
+    def render(self, content: Any) -> bytes:
+        try:
+            return json.dumps(content, ensure_ascii=False, allow_nan=False,
+                              separators=(",", ":")).encode("utf-8")
+        except (UnicodeEncodeError, ValueError, TypeError):
+            return json.dumps(_sanitise(content), ensure_ascii=False, allow_nan=False,
+                              separators=(",", ":"), default=str).encode("utf-8")
 
 
 def _job_dict(job: JobRecord, *, token: bool = False) -> dict[str, Any]:
     out: dict[str, Any] = {
         "id": job.id, "name": job.name, "state": job.state, "spec": job.spec.to_dict(),
+        "spec_error": job.spec_error,
         "submit_time": job.submit_time, "start_time": job.start_time, "end_time": job.end_time,
-        "restarts": job.restarts, "failure_reason": job.failure_reason,
+        "restarts": job.restarts, "failures": job.failures, "failure_reason": job.failure_reason,
         "attained_service": job.attained_service, "allocation": dict(job.allocation),
-        "failures": job.failures,
     }
     if token:
         out["token"] = job.token
@@ -91,44 +153,41 @@ def _replica_dict(r: ReplicaRecord) -> dict[str, Any]:
             "start_time": r.start_time, "exit_code": r.exit_code, "end_time": r.end_time}
 
 
-def _nonfinite_path(obj: Any, path: str) -> str | None:
-    """The dotted path of the first non-finite float in ``obj``, or None."""
-    if isinstance(obj, float) and not math.isfinite(obj):
-        return path
-    if isinstance(obj, Mapping):
-        for key, value in obj.items():
-            found = _nonfinite_path(value, f"{path}.{key}" if path else str(key))
-            if found is not None:
-                return found
-    elif isinstance(obj, list):
-        for i, value in enumerate(obj):
-            found = _nonfinite_path(value, f"{path}.{i}" if path else str(i))
-            if found is not None:
-                return found
-    return None
-
-
-async def _json_body(request: Request) -> Any:
-    raw = await request.body()
-    try:
-        return json.loads(raw)
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise _ValidationFailure("body", f"body: invalid JSON: {exc}") from exc
+def _unauthorised(message: str) -> HTTPException:
+    return HTTPException(401, message, headers={"WWW-Authenticate": "Bearer"})
 
 
 def _bearer(request: Request) -> str:
     header = request.headers.get("authorization")
     if not header:
-        raise HTTPException(401, "missing bearer token", headers={"WWW-Authenticate": "Bearer"})
+        raise _unauthorised("missing bearer token")
     scheme, _, token = header.partition(" ")
     if scheme.lower() != "bearer" or not token.strip():
-        raise HTTPException(401, "malformed Authorization header (expected 'Bearer <token>')",
-                            headers={"WWW-Authenticate": "Bearer"})
+        raise _unauthorised("malformed Authorization header (expected 'Bearer <token>')")
     return token.strip()
 
 
+def _digest(token: str) -> bytes:
+    return hashlib.sha256(token.encode("utf-8", "surrogatepass")).digest()
+
+
 def _same(a: str, b: str) -> bool:
-    return secrets.compare_digest(a.encode(), b.encode())
+    """Whether two tokens are equal, in time independent of their content and of their lengths
+    (their SHA-256 digests are compared, in constant time)."""
+    return hmac.compare_digest(_digest(a), _digest(b))
+
+
+def _spec_field(exc: SpecError) -> str:
+    """The body path of a spec error: ``name`` stays, spec fields get the ``spec.`` prefix."""
+    if exc.field == "name":
+        return "name"
+    return "spec" if exc.field in ("", "spec") else f"spec.{exc.field}"
+
+
+def _field_error(exc: SpecError) -> RequestError:
+    field = _spec_field(exc)
+    detail = getattr(exc, "detail", None) or str(exc).split(": ", 1)[-1]
+    return RequestError(422, field, detail)
 
 
 class _Metrics:
@@ -143,97 +202,201 @@ class _Metrics:
             self.hints_received += 1
 
 
+def _log_stream(files: list[tuple[str, Path]]) -> Iterator[bytes]:
+    """The log files that can be opened, one after another, each after its header line; read in
+    chunks (a log may be large: it is never held whole in memory) and decoded leniently (a job may
+    write any bytes)."""
+    for header, path in files:
+        try:
+            handle = path.open("rb")
+        except (OSError, ValueError):
+            continue
+        with handle:
+            yield header.encode("utf-8")
+            decoder = codecs.getincrementaldecoder("utf-8")("replace")
+            last = ""
+            while chunk := handle.read(_LOG_CHUNK):
+                text = decoder.decode(chunk)
+                if text:
+                    last = text
+                    yield text.encode("utf-8")
+            tail = decoder.decode(b"", final=True)
+            if tail:
+                last = tail
+                yield tail.encode("utf-8")
+            if last and not last.endswith("\n"):
+                yield b"\n"
+
+
 def create_app(store: JobStore, admin_token: str, *, log_dir: Path | None = None,
                on_change: Callable[[], None] | None = None,
-               cluster_info: Callable[[], dict[str, Any]] | None = None) -> FastAPI:
+               cluster_info: Callable[[], dict[str, Any]] | None = None,
+               node_resources: Callable[[], list[dict[str, float]]] | None = None,
+               check_files: bool = True) -> FastAPI:
     """The service's FastAPI application over ``store``; see the module docstring.
 
     ``admin_token`` authorises every user endpoint. ``log_dir``, if given, is where relative replica
     log paths are resolved (absolute ones are used as they are). ``on_change`` is called after a
     submission or a cancellation (the service schedules a round then, instead of waiting for the
     interval). ``cluster_info``, if given, answers ``GET /v1/cluster`` (admin): nodes, policy, rounds.
+    ``node_resources``, if given, returns each alive node's total resources; a submission the
+    cluster could never run is refused with 422 (:meth:`JobSpec.check_feasible`). ``check_files``
+    refuses a submission whose entrypoint or working folder the service cannot find or start
+    (:meth:`JobSpec.check_files`); turn it off only where the service does not see the replicas'
+    file system.
     """
     if not isinstance(admin_token, str) or not admin_token:
         raise ValueError("admin_token: expected a non-empty string")
-    app = FastAPI(title="Pollux scheduler", version="1",
-                  description="Submit, inspect and cancel jobs; receive hints from running jobs.")
+    app = FastAPI(title="Pollux scheduler", version="1", default_response_class=SafeJSONResponse,
+                  description="Submit, inspect and cancel jobs; receive hints from running jobs. "
+                              "Errors are {\"detail\"}, plus \"field\" on 413 and 422.")
     metrics = _Metrics()
     app.state.store = store
     app.state.metrics = metrics
 
-    @app.exception_handler(_ValidationFailure)
-    async def _on_validation(request: Request, exc: _ValidationFailure) -> JSONResponse:
-        return JSONResponse({"detail": exc.detail, "field": exc.field}, status_code=422)
+    # -- errors: one JSON shape for all of them
+
+    @app.exception_handler(RequestError)
+    async def _on_request_error(request: Request, exc: RequestError) -> SafeJSONResponse:
+        return SafeJSONResponse({"detail": exc.detail, "field": exc.field}, status_code=exc.status)
+
+    @app.exception_handler(RequestValidationError)
+    async def _on_framework_validation(request: Request, exc: RequestValidationError) -> SafeJSONResponse:
+        errors = exc.errors()
+        first = errors[0] if errors else {"loc": ("body",), "msg": "invalid request"}
+        loc = [str(p) for p in first.get("loc", ())]
+        if len(loc) >= 2 and loc[0] in ("query", "path", "header", "cookie"):
+            field = loc[1]
+        else:
+            field = ".".join(loc) or "body"
+        return SafeJSONResponse({"detail": f"{field}: {first.get('msg', 'invalid value')}", "field": field},
+                                status_code=422)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _on_http(request: Request, exc: StarletteHTTPException) -> SafeJSONResponse:
+        return SafeJSONResponse({"detail": str(exc.detail)}, status_code=exc.status_code,
+                                headers=getattr(exc, "headers", None))
 
     @app.exception_handler(UnknownJobError)
-    async def _on_unknown(request: Request, exc: UnknownJobError) -> JSONResponse:
-        return JSONResponse({"detail": str(exc)}, status_code=404)
+    async def _on_unknown(request: Request, exc: UnknownJobError) -> SafeJSONResponse:
+        return SafeJSONResponse({"detail": str(exc)}, status_code=404)
 
-    def require_admin(request: Request) -> None:
+    @app.exception_handler(Exception)
+    async def _on_crash(request: Request, exc: Exception) -> SafeJSONResponse:
+        _log.exception("%s %s failed", request.method, request.url.path)
+        return SafeJSONResponse({"detail": "internal error (see the service's log)"}, status_code=500)
+
+    # -- authorisation
+
+    async def require_admin(request: Request) -> None:
         if not _same(_bearer(request), admin_token):
-            raise HTTPException(401, "invalid token", headers={"WWW-Authenticate": "Bearer"})
+            raise _unauthorised("invalid token")
+
+    def require_hints_token(request: Request, job_id: str) -> None:
+        """Admin, or the job's own current token; another job's token is 403, any other 401."""
+        token = _bearer(request)
+        if _same(token, admin_token):
+            return
+        if _JOB_ID.fullmatch(job_id) and store.token_matches(job_id, token):
+            return
+        if store.job_of_token(token) is not None:
+            raise HTTPException(403, "this token may only post hints for its own job")
+        raise _unauthorised("invalid token")
+
+    def only_query(*names: str) -> Any:
+        """A dependency refusing any query parameter but ``names`` (422 naming it): a misspelt
+        filter (``?states=running``) is an error, not a silently unfiltered answer."""
+        expected = f"expected {', '.join(names)}" if names else "this route takes none"
+
+        async def check(request: Request) -> None:
+            for key in request.query_params:
+                if key not in names:
+                    raise RequestError(422, key[:64], f"unknown query parameter ({expected})")
+
+        return Depends(check)
+
+    admin = Depends(require_admin)
 
     def get_job(job_id: str) -> JobRecord:
+        if not _JOB_ID.fullmatch(job_id):  # never stored; not worth a look-up (nor a bad bind)
+            raise HTTPException(404, f"unknown job {job_id[:80]!r}")
         return store.get_job(job_id)  # UnknownJobError → 404
 
-    @app.get("/v1/health", summary="Liveness check (no auth)")
-    def health() -> dict[str, str]:
-        return {"status": "ok"}
-
-    @app.post("/v1/jobs", status_code=201, summary="Submit a job (admin); returns it with its token")
-    async def submit(request: Request) -> JSONResponse:
-        require_admin(request)
-        body = await _json_body(request)
-        if not isinstance(body, Mapping):
-            raise _ValidationFailure("body", "body: expected a JSON object")
-        unknown = sorted(set(body) - {"name", "spec"})
-        if unknown:
-            raise _ValidationFailure(unknown[0], f"{unknown[0]}: unknown field")
-        name = body.get("name")
-        if name is not None and (not isinstance(name, str) or not name.strip()):
-            raise _ValidationFailure("name", f"name: expected a non-empty string, got {name!r}")
-        if "spec" not in body:
-            raise _ValidationFailure("spec", "spec: required field is missing")
-        spec = body["spec"]
-        bad = _nonfinite_path(spec, "spec")
-        if bad is not None:
-            raise _ValidationFailure(bad, f"{bad}: expected a finite number")
+    def nodes() -> list[dict[str, float]]:
+        if node_resources is None:
+            return []
         try:
-            job = store.submit(spec, name=name)
-        except ValueError as exc:
-            message = str(exc)
-            head = message.split(":", 1)[0].strip()
-            field = "spec" if head in ("", "spec") else f"spec.{head}"
-            raise _ValidationFailure(field, f"spec.{message}" if field != "spec" else message) from exc
+            found = [dict(n) for n in node_resources()]
+        except Exception:  # the backend is unreachable right now: accept, the controller retries
+            _log.warning("node resources unavailable; submission not checked against the cluster",
+                         exc_info=True)
+            return []
+        # A node whose resources are not known (an empty mapping) would refuse every job: when any
+        # is unknown, the cluster is, and nothing is checked against it.
+        return found if all(found) else []
+
+    # -- routes
+
+    @app.get("/v1/health", summary="Liveness check (no auth)", response_model=None,
+             dependencies=[only_query()], responses=doc.responses(200, "Health", 422))
+    async def health() -> SafeJSONResponse:
+        return SafeJSONResponse({"status": "ok"})
+
+    def submit_checked(body: Any) -> JobRecord:
+        if not isinstance(body, Mapping):
+            raise RequestError(422, "body", "expected a JSON object")
+        unknown = sorted(k for k in body if k not in ("name", "spec"))
+        if unknown:
+            raise RequestError(422, unknown[0][:64], "unknown field")
+        bad = find_nonfinite(body)
+        if bad is not None:
+            raise RequestError(422, bad, "expected a finite number")
+        name = body.get("name")
+        try:
+            if name is not None:
+                name = validate_name(name)
+            if "spec" not in body:
+                raise RequestError(422, "spec", "required field is missing")
+            spec = JobSpec.from_dict(body["spec"])
+            if check_files:
+                spec.check_files()
+            spec.check_feasible(nodes())
+            return store.submit(spec, name=name)
+        except SpecError as exc:
+            raise _field_error(exc) from None
+
+    @app.post("/v1/jobs", status_code=201, dependencies=[admin, only_query()], response_model=None,
+              summary="Submit a job (admin); returns it with its token",
+              responses=doc.responses(201, "SubmittedJob", 401, 413, 422, ok_text="Submitted"),
+              openapi_extra={**doc.BEARER, **doc.request_body("SubmitRequest", "The job to run.")})
+    async def submit(request: Request) -> SafeJSONResponse:
+        body = await read_json_body(request)
+        job = await run_in_threadpool(submit_checked, body)
         if on_change is not None:
             on_change()
-        return JSONResponse(_job_dict(job, token=True), status_code=201)
+        return SafeJSONResponse(_job_dict(job, token=True), status_code=201)
 
-    @app.get("/v1/jobs", summary="List jobs (admin), optionally only those in the given states")
-    def list_jobs(request: Request,
-                  state: Annotated[list[str] | None, Query()] = None) -> list[dict[str, Any]]:
-        require_admin(request)
-        if state:
-            for s in state:
-                if s not in JOB_STATES:
-                    raise _ValidationFailure("state", f"state: unknown job state {s!r} "
-                                                      f"(expected one of {', '.join(JOB_STATES)})")
-        return [_job_dict(j) for j in store.list_jobs(state or None)]
+    @app.get("/v1/jobs", dependencies=[admin, only_query("state")], response_model=None,
+             summary="List jobs (admin), optionally only those in the given states",
+             responses=doc.responses(200, "JobList", 401, 422), openapi_extra=doc.BEARER)
+    def list_jobs(state: _StatesQuery = None) -> SafeJSONResponse:  # type: ignore[assignment]
+        return SafeJSONResponse([_job_dict(j) for j in store.list_jobs(state or None)])
 
-    @app.get("/v1/jobs/{job_id}", summary="Describe a job (admin)")
-    def describe(request: Request, job_id: str) -> dict[str, Any]:
-        require_admin(request)
-        job = get_job(job_id)
-        out = _job_dict(job)
+    @app.get("/v1/jobs/{job_id}", dependencies=[admin, only_query()], response_model=None,
+             summary="Describe a job (admin)",
+             responses=doc.responses(200, "JobDetail", 401, 404, 422), openapi_extra=doc.BEARER)
+    def describe(job_id: str) -> SafeJSONResponse:
+        out = _job_dict(get_job(job_id))
         out["allocation_history"] = [_allocation_dict(a) for a in store.allocation_history(job_id)]
         out["transitions"] = [_transition_dict(t) for t in store.transitions(job_id)]
         out["replicas"] = [_replica_dict(r) for r in store.replicas(job_id)]
         out["hints"] = store.get_hints(job_id)
-        return out
+        return SafeJSONResponse(out)
 
-    @app.post("/v1/jobs/{job_id}/cancel", summary="Cancel a job (admin); 409 if already terminal")
-    def cancel(request: Request, job_id: str) -> dict[str, Any]:
-        require_admin(request)
+    @app.post("/v1/jobs/{job_id}/cancel", dependencies=[admin, only_query()], response_model=None,
+              summary="Cancel a job (admin); 409 if already terminal",
+              responses=doc.responses(200, "Job", 401, 404, 409, 422), openapi_extra=doc.BEARER)
+    def cancel(job_id: str) -> SafeJSONResponse:
         job = get_job(job_id)
         if job.state in TERMINAL_STATES:
             raise HTTPException(409, f"job {job_id!r} is already {job.state}")
@@ -243,65 +406,59 @@ def create_app(store: JobStore, admin_token: str, *, log_dir: Path | None = None
             raise HTTPException(409, str(exc)) from exc
         if on_change is not None:
             on_change()
-        return _job_dict(job)
+        return SafeJSONResponse(_job_dict(job))
 
-    @app.get("/v1/cluster", summary="The cluster as the service sees it (admin): nodes, policy, rounds")
-    def cluster(request: Request) -> dict[str, Any]:
-        require_admin(request)
+    @app.get("/v1/cluster", dependencies=[admin, only_query()], response_model=None,
+             summary="The cluster as the service sees it (admin): nodes, policy, rounds",
+             responses=doc.responses(200, "Cluster", 401, 404, 422), openapi_extra=doc.BEARER)
+    def cluster() -> SafeJSONResponse:
         if cluster_info is None:
             raise HTTPException(404, "this service has no cluster backend")
-        return cluster_info()
+        return SafeJSONResponse(cluster_info())
 
-    @app.get("/v1/jobs/{job_id}/logs", response_class=PlainTextResponse,
-             summary="The job's replica logs (admin), as text")
-    def logs(request: Request, job_id: str, restart: int | None = None,
-             rank: int | None = None) -> PlainTextResponse:
-        require_admin(request)
+    @app.get("/v1/jobs/{job_id}/logs", dependencies=[admin, only_query("restart", "rank")],
+             response_class=PlainTextResponse,
+             response_model=None, summary="The job's replica logs (admin), as text",
+             responses=doc.responses(200, None, 401, 404, 422, text=True), openapi_extra=doc.BEARER)
+    def logs(job_id: str, restart: _IndexQuery = None,  # type: ignore[assignment]
+             rank: _IndexQuery = None) -> StreamingResponse:  # type: ignore[assignment]
         get_job(job_id)
-        parts: list[str] = []
+        files: list[tuple[str, Path]] = []
         for rep in store.replicas(job_id, restart):
             if (rank is not None and rep.rank != rank) or not rep.log_path:
                 continue
             path = Path(rep.log_path)
             if not path.is_absolute() and log_dir is not None:
                 path = Path(log_dir) / path
-            try:
-                text = path.read_text(errors="replace")
-            except OSError:
-                continue
-            if text and not text.endswith("\n"):
-                text += "\n"
-            parts.append(f"==> restart {rep.restart} rank {rep.rank} (node {rep.node}) <==\n{text}")
-        return PlainTextResponse("".join(parts))
+            files.append((f"==> restart {rep.restart} rank {rep.rank} (node {rep.node}) <==\n", path))
+        return StreamingResponse(_log_stream(files), media_type="text/plain; charset=utf-8")
 
-    @app.put("/v1/jobs/{job_id}/hints",
-             summary="Report a running job's hints (admin or the job's own token)")
-    async def put_hints(request: Request, job_id: str) -> dict[str, Any]:
-        token = _bearer(request)
-        if not _same(token, admin_token):
-            try:
-                own = store.get_job(job_id).token
-            except UnknownJobError:
-                own = None
-            if own is None or not _same(token, own):
-                if any(_same(token, j.token) for j in store.list_jobs()):
-                    raise HTTPException(403, f"this token may not post hints for job {job_id!r}")
-                raise HTTPException(401, "invalid token", headers={"WWW-Authenticate": "Bearer"})
-        get_job(job_id)
-        body = await _json_body(request)
+    def put_hints_checked(job_id: str, body: Any) -> dict[str, Any]:
+        bad = find_nonfinite(body)
+        if bad is not None:
+            raise RequestError(422, bad, "expected a finite number")
         try:
-            data = store.put_hints(job_id, body)
+            return store.put_hints(job_id, body)
         except HintsError as exc:
-            raise _ValidationFailure(exc.field, str(exc)) from exc
-        metrics.add_hints()
-        return data
+            raise RequestError(422, exc.field or "body", exc.detail) from exc
 
-    @app.get("/metrics", response_class=PlainTextResponse,
-             summary="Prometheus metrics (no auth: counts only)")
+    @app.put("/v1/jobs/{job_id}/hints", response_model=None,
+             dependencies=[Depends(require_hints_token), only_query()],
+             summary="Report a running job's hints (admin or the job's own token)",
+             responses=doc.responses(200, "Hints", 401, 403, 404, 413, 422, ok_text="The hints as stored"),
+             openapi_extra={**doc.BEARER, **doc.request_body("Hints", "The job's hints (SPEC §8).")})
+    async def put_hints(request: Request, job_id: str) -> SafeJSONResponse:
+        await run_in_threadpool(get_job, job_id)
+        body = await read_json_body(request)
+        data = await run_in_threadpool(put_hints_checked, job_id, body)
+        metrics.add_hints()
+        return SafeJSONResponse(data)
+
+    @app.get("/metrics", response_class=PlainTextResponse, response_model=None,
+             summary="Prometheus metrics (no auth: counts only)", dependencies=[only_query()],
+             responses=doc.responses(200, None, 422, text=True))
     def prometheus() -> PlainTextResponse:
-        counts = {s: 0 for s in JOB_STATES}
-        for job in store.list_jobs():
-            counts[job.state] = counts.get(job.state, 0) + 1
+        counts = store.count_by_state()
         gpus = sum(sum(a.values()) for a in store.current_allocations().values())
         lines = ["# HELP pollux_jobs Number of jobs in each state.", "# TYPE pollux_jobs gauge"]
         lines += [f'pollux_jobs{{state="{s}"}} {n}' for s, n in counts.items()]
@@ -313,4 +470,5 @@ def create_app(store: JobStore, admin_token: str, *, log_dir: Path | None = None
         return PlainTextResponse("\n".join(lines) + "\n",
                                  media_type="text/plain; version=0.0.4; charset=utf-8")
 
+    doc.install(app)
     return app
