@@ -10,6 +10,7 @@ import json
 import os
 import signal
 import socket
+import sqlite3
 import subprocess
 import sys
 import threading
@@ -20,7 +21,7 @@ from pathlib import Path
 import pytest
 import uvicorn
 
-from pollux import cli
+from pollux import cli_cluster, cli_text
 from pollux.cli import main
 from pollux.cluster.api import create_app
 from pollux.cluster.client import ClientError, PolluxClient
@@ -279,6 +280,61 @@ def test_describe_shows_history(service, capsys):
     assert code == 1 and err.strip() == "pollux: error: 404 unknown job 'job-nope'"
 
 
+# ------------------------------------------------------------------------------- control characters
+
+HOSTILE = "evil\n\x1b[31mred\x1b[0m\u202e\x07"
+
+
+def test_control_characters_are_escaped_in_human_output(service, capsys, monkeypatch):
+    """A job name, failure reason, node name or error detail with a newline or ANSI escapes (from a
+    store written before names were checked, or fields never checked) prints as visible escapes."""
+    job_id = submit(service, capsys, name="plain")
+    with sqlite3.connect(service.store.path) as db:     # as an older version of the service stored it
+        db.execute("UPDATE jobs SET name = ? WHERE id = ?", (HOSTILE, job_id))
+    st = service.store
+    st.transition(job_id, "starting")
+    st.set_allocation(job_id, {"node\x1b[1m": 1})
+    st.transition(job_id, "running")
+    st.transition(job_id, "failed", reason="boom\x1b[2J\rgone")
+    visible = "evil\\n\\x1b[31mred\\x1b[0m\\u202e\\x07"
+
+    def clean(text: str) -> None:
+        assert not any(c in text for c in "\x1b\x07\r\u202e"), text
+
+    code, out, err = run(capsys, service.args("ls"))
+    assert code == 0, err
+    clean(out)
+    assert len(out.splitlines()) == 2 and visible in out          # one header, one row: no broken table
+
+    code, out, err = run(capsys, service.args("describe", job_id))
+    assert code == 0, err
+    clean(out)
+    assert out.splitlines()[0] == f"{job_id} ({visible})"
+    assert "boom\\x1b[2J\\rgone" in out and "node\\x1b[1m" in out
+
+    code, out, _ = run(capsys, service.args("ls", "--json"))     # JSON stays exact
+    assert json.loads(out)[0]["name"] == HOSTILE and "\x1b" not in out
+
+    code, out, err = run(capsys, service.args("describe", "job-\x1b[2J\n"))
+    assert code == 1 and out == ""
+    clean(err)
+    assert len(err.strip().splitlines()) == 1 and "404" in err
+
+    monkeypatch.setitem(CLUSTER, "nodes", [{"name": "n\x1b]0;title\x07", "gpus": 2, "address": "x"}])
+    code, out, err = run(capsys, service.args("server", "status"))
+    clean(out)
+    assert "n\\x1b]0;title\\x07:2" in out
+
+
+def test_logs_print_the_job_output_raw_unless_on_a_terminal(service, capsys):
+    job_id = submit(service, capsys)
+    (service.log_dir / "c0.log").write_text("red \x1b[31mtext\ttab\n")
+    service.store.record_replica(job_id, 0, 0, "node-0", 11, "c0.log")
+    code, out, _ = run(capsys, service.args("logs", job_id))            # piped: the output as it is
+    assert code == 0 and out.endswith("red \x1b[31mtext\ttab\n")
+    assert cli_text.escape_log("red \x1b[31mtext\ttab\n") == "red \\x1b[31mtext\ttab\n"
+
+
 # ------------------------------------------------------------------------------------------------- logs
 
 
@@ -349,7 +405,7 @@ def test_logs_follow_prints_new_text_until_terminal(service, capsys):
 
 def test_log_follower_holds_back_the_last_line_and_loses_nothing():
     out: list[str] = []
-    f = cli._LogFollower(out.append)
+    f = cli_text.LogFollower(out.append)
     h = "==> restart 0 rank 0 (node n) <==\n"
     h1 = "==> restart 0 rank 1 (node n) <==\n"
     f.feed(h + "a\nb", final=False)          # the service ends "b" with a newline of its own
@@ -476,14 +532,14 @@ def test_client_methods_and_errors(service):
     with PolluxClient.from_state_dir(service.state) as client:
         assert client.health() == {"status": "ok"}
         assert client.cluster() == CLUSTER
-        job = client.submit({"entrypoint": "/x/train.py", "init_batch_size": 8}, name="c")
+        job = client.submit({"entrypoint": str(service.work / "train.py"), "init_batch_size": 8}, name="c")
         assert job["token"] and job["name"] == "c"
         assert [j["id"] for j in client.jobs()] == [job["id"]]
         assert client.jobs(["running"]) == []
         assert client.job(job["id"])["transitions"][0]["to_state"] == "pending"
         assert client.logs(job["id"]) == ""
         with pytest.raises(ClientError) as exc:
-            client.submit({"entrypoint": "/x/train.py", "init_batch_size": 0})
+            client.submit({"entrypoint": str(service.work / "train.py"), "init_batch_size": 0})
         err = exc.value
         assert (err.status, err.field) == (422, "spec.init_batch_size")
         assert str(err) == "422 spec.init_batch_size: must be >= 1, got 0"
@@ -499,5 +555,5 @@ def test_client_methods_and_errors(service):
 
 
 def test_cli_state_lists_match_the_store():
-    assert cli.JOB_STATES == JOB_STATES
-    assert cli.TERMINAL_STATES == TERMINAL_STATES
+    assert cli_cluster.JOB_STATES == JOB_STATES
+    assert cli_cluster.TERMINAL_STATES == TERMINAL_STATES

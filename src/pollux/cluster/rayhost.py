@@ -8,6 +8,13 @@ and a resource ``pollux-node-node-<i>`` that names it, writes ``{"address", "pid
 "gpus_per_node"}`` to FILE (atomically) once every node is up, and then waits. SIGTERM or SIGINT shut
 the cluster down (every actor and replica process on it with it) and remove FILE. SIGUSR1 removes
 a worker node, as if that machine were lost (for tests of node loss; the head stays).
+
+``python -m pollux.cluster.rayhost --probe ADDRESS`` asks the GCS of a running cluster for its nodes
+and prints ``{"nodes": N, "alive": M}`` (exit 0), or the error (exit 1): the health check of
+``pollux server status``, run in a process of its own so that a GCS that does not answer cannot hang
+the caller, and so that the caller's process never holds a Ray client of another cluster. Both modes
+use Ray's token authentication when the environment enables it (``RAY_AUTH_MODE=token``,
+``RAY_AUTH_TOKEN_PATH``), as :mod:`pollux.cluster.server` does for the embedded cluster.
 """
 
 from __future__ import annotations
@@ -16,6 +23,8 @@ import argparse
 import json
 import os
 import signal
+import socket
+import subprocess
 import sys
 import threading
 import time
@@ -28,17 +37,81 @@ OBJECT_STORE_BYTES = 80 * 1024 * 1024
 
 
 def write_json_atomic(path: Path, data: dict) -> None:
+    """Replace ``path`` by ``data`` as JSON in one step, readable by the owner only (0600)."""
     tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(data))
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(json.dumps(data))
     os.replace(tmp, path)
 
 
+def gcs_listening(address: str, timeout_s: float = 2.0) -> str | None:
+    """None if something accepts TCP connections at ``address`` (host:port), else why not."""
+    host, _, port = address.rpartition(":")
+    try:
+        with socket.create_connection((host or "127.0.0.1", int(port)), timeout=timeout_s):
+            return None
+    except ValueError:
+        return f"{address!r} is not host:port"
+    except OSError as exc:
+        return f"the Ray GCS at {address} does not answer ({exc.strerror or exc})"
+
+
+def probe(address: str, env: dict[str, str] | None = None, timeout_s: float = 20.0) -> dict:
+    """Health of the Ray cluster at ``address``: ``{"healthy": bool, "error"?: str, "nodes"?: int}``.
+
+    A refused connection is answered at once; otherwise the GCS is asked for its nodes by
+    ``python -m pollux.cluster.rayhost --probe`` in a child process with ``env`` (the embedded
+    cluster's token), killed after ``timeout_s``.
+    """
+    problem = gcs_listening(address)
+    if problem:
+        return {"healthy": False, "error": problem}
+    try:
+        out = subprocess.run([sys.executable, "-m", "pollux.cluster.rayhost", "--probe", address],
+                             env={**os.environ, **ray_env(), **(env or {})}, capture_output=True,
+                             text=True, timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        return {"healthy": False, "error": f"the Ray GCS at {address} did not answer within {timeout_s:g} s"}
+    lines = out.stdout.strip().splitlines()
+    try:
+        data = json.loads(lines[-1]) if lines else {}
+    except ValueError:
+        data = {}
+    if out.returncode == 0 and "nodes" in data:
+        alive = int(data.get("alive", 0))
+        return {"healthy": alive > 0, "nodes": data["nodes"], "alive_nodes": alive,
+                **({} if alive > 0 else {"error": "no alive Ray node"})}
+    error = data.get("error") or (out.stderr.strip().splitlines() or ["no answer"])[-1]
+    return {"healthy": False, "error": f"the Ray GCS at {address}: {error}"}
+
+
+def _probe_main(address: str, timeout_s: float = 5.0) -> int:
+    os.environ.update(ray_env())
+    try:
+        from ray._raylet import GcsClient
+
+        nodes = GcsClient(address=address).get_all_node_info(timeout=timeout_s)
+        alive = sum(1 for n in nodes.values() if int(getattr(n, "state", 1)) == 0)
+        print(json.dumps({"nodes": len(nodes), "alive": alive}))
+        return 0
+    except Exception as exc:  # any failure of the GCS call is the answer
+        print(json.dumps({"error": f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"}))
+        return 1
+
+
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m pollux.cluster.rayhost", description=__doc__)
-    p.add_argument("--info", required=True, type=Path, help="where to write the cluster's address (JSON)")
+    p = argparse.ArgumentParser(prog="python -m pollux.cluster.rayhost", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--info", type=Path, help="where to write the cluster's address (JSON)")
     p.add_argument("--nodes", type=int, default=4)
     p.add_argument("--gpus-per-node", type=int, default=2)
+    p.add_argument("--probe", metavar="ADDRESS", help="only check the health of the cluster at ADDRESS")
     args = p.parse_args(argv)
+    if args.probe:
+        return _probe_main(args.probe)
+    if args.info is None:
+        p.error("--info is required")
     if args.nodes < 1 or args.gpus_per_node < 1:
         p.error("--nodes and --gpus-per-node must be at least 1")
     os.environ.update(ray_env())

@@ -1,21 +1,26 @@
 """Starting, stopping and inspecting a Pollux server: the service process and its Ray host (SPEC §9).
 
-``pollux server start`` creates the state directory (mode 0700) and the admin token file (0600),
-starts the embedded Ray cluster in its own host process (:mod:`pollux.cluster.rayhost`) unless
-``--ray-address`` points at an existing cluster, then starts the service process
-(:mod:`pollux.cluster.service`). Both run in their own sessions, detached from the terminal, with
-their output in ``DIR/rayhost.log`` and ``DIR/service.log``; their PIDs go to ``DIR/server.json``.
-Starting again while the Ray host lives but the service does not (it crashed) restarts only the
-service, which adopts the replicas still running.
+``pollux server start`` creates the state directory and the admin token file (0600), starts the
+embedded Ray cluster in its own host process (:mod:`pollux.cluster.rayhost`) unless ``--ray-address``
+points at an existing cluster, then starts the service process (:mod:`pollux.cluster.service`). Both
+run in their own sessions, detached from the terminal, with their output in ``DIR/rayhost.log`` and
+``DIR/service.log``; their PIDs go to ``DIR/server.json``. Starting again while the Ray host lives
+but the service does not (it crashed) restarts only the service, which adopts the replicas still
+running.
+
+A start holds ``DIR/start.lock`` from beginning to end (a second start on the folder fails at once),
+refuses a folder whose service lives (``DIR/service.lock`` is held) and a damaged job store, both
+before it spawns anything, and stops the Ray host it launched if it fails after launching it (see
+:mod:`pollux.cluster.statedir`). The embedded cluster runs with Ray's token authentication.
 
 ``pollux server stop`` stops the service (it preempts every running job, which checkpoints and waits
-as pending for the next start), then the Ray host, then any replica process the store recorded that
-is somehow still alive, each by PID.
+as pending for the next start), then the Ray host, then whatever process of the embedded cluster is
+still alive (found by the token path in its environment, so a Ray host killed earlier leaves nothing
+behind either), then any replica process the store recorded that is somehow still alive, each by PID.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import secrets
 import signal
@@ -27,6 +32,20 @@ from pathlib import Path
 from typing import Any
 
 from pollux.cluster.backend import ray_env
+from pollux.cluster.statedir import (
+    RAY_TOKEN,
+    SERVICE_LOCK,
+    START_LOCK,
+    FolderLock,
+    LockedError,
+    StoreError,
+    check_run_as,
+    check_store,
+    lock_holder,
+    ray_auth_env,
+    read_json,
+    secure_state_dir,
+)
 
 __all__ = ["ServerError", "ServerInfo", "connect", "default_state_dir", "pid_alive", "spawn_rayhost", "start",
            "status", "stop", "stop_pid"]
@@ -47,10 +66,11 @@ class ServerInfo:
     service_pid: int
     rayhost_pid: int | None
     ray_address: str
+    run_as: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {"state_dir": str(self.state_dir), "url": self.url, "service_pid": self.service_pid,
-                "rayhost_pid": self.rayhost_pid, "ray_address": self.ray_address}
+                "rayhost_pid": self.rayhost_pid, "ray_address": self.ray_address, "run_as": self.run_as}
 
 
 def default_state_dir() -> Path:
@@ -107,13 +127,6 @@ def _reap(pid: int) -> None:
         pass
 
 
-def _read_json(path: Path) -> dict[str, Any] | None:
-    try:
-        return json.loads(path.read_text())
-    except (FileNotFoundError, ValueError):
-        return None
-
-
 def _ensure_token(state: Path) -> str:
     path = state / "admin-token"
     if not path.exists():
@@ -125,7 +138,8 @@ def _ensure_token(state: Path) -> str:
 
 
 def _spawn(args: list[str], log: Path, env: dict[str, str]) -> subprocess.Popen:
-    with open(log, "ab") as out:
+    fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    with os.fdopen(fd, "ab") as out:
         return subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                 env=env, start_new_session=True, close_fds=True)
 
@@ -140,7 +154,7 @@ def _tail(path: Path, lines: int = 15) -> str:
 def _wait_for(path: Path, proc: subprocess.Popen, timeout_s: float, what: str, log: Path) -> dict[str, Any]:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        data = _read_json(path)
+        data = read_json(path)
         if data is not None and data.get("pid") == proc.pid:
             return data
         if proc.poll() is not None:
@@ -152,68 +166,68 @@ def _wait_for(path: Path, proc: subprocess.Popen, timeout_s: float, what: str, l
 
 
 def spawn_rayhost(state_dir: Path, nodes: int, gpus_per_node: int, timeout_s: float = 180.0,
-                  on_spawn: Any = None) -> tuple[subprocess.Popen, str]:
+                  on_spawn: Any = None, env: dict[str, str] | None = None) -> tuple[subprocess.Popen, str]:
     """Start an embedded Ray cluster's host process; returns it and the cluster's address.
 
-    Its output goes to ``state_dir/rayhost.log`` and its address to ``state_dir/ray.json``; stop it
-    with :func:`stop_pid` (SIGTERM shuts the cluster down).
+    Its output goes to ``state_dir/rayhost.log`` and its address to ``state_dir/ray.json``; ``env``
+    is added to its environment (Ray's token authentication). Stop it with :func:`stop_pid` (SIGTERM
+    shuts the cluster down).
     """
     state = Path(state_dir)
     (state / "ray.json").unlink(missing_ok=True)
     log = state / "rayhost.log"
     host = _spawn([sys.executable, "-m", "pollux.cluster.rayhost", "--info", str(state / "ray.json"),
                    "--nodes", str(nodes), "--gpus-per-node", str(gpus_per_node)], log,
-                  {**os.environ, **ray_env()})
+                  {**os.environ, **ray_env(), **(env or {})})
     if on_spawn is not None:
         on_spawn(host.pid)
     return host, _wait_for(state / "ray.json", host, timeout_s, "the Ray host", log)["address"]
 
 
-def start(state_dir: Path, *, ray_address: str | None = None, local_nodes: int = 4, gpus_per_node: int = 2,
-          policy: str = "pollux", interval_s: float = 60.0, port: int = 0, stop_grace_s: float = 60.0,
-          max_retries: int = 3, seed: int = 0, timeout_s: float = 180.0,
-          progress: Any = None) -> ServerInfo:
-    """Start the server (or only its service, if the Ray host is still up); returns where it listens."""
-    say = progress or (lambda msg: None)
-    state = Path(state_dir).resolve()
-    state.mkdir(parents=True, exist_ok=True)
-    os.chmod(state, 0o700)
-    token = _ensure_token(state)
-    info = _read_json(state / "server.json") or {}
-    if pid_alive(info.get("service_pid")):
-        raise ServerError(f"a Pollux service already runs from {state} (PID {info['service_pid']}, "
-                          f"{info.get('url')}); stop it first with `pollux server stop`")
-    env = {**os.environ, **ray_env()}
-    rayhost_pid = info.get("rayhost_pid") if pid_alive(info.get("rayhost_pid")) else None
-    address = ray_address
-    if address is None and rayhost_pid is not None:
-        ray_info = _read_json(state / "ray.json")
-        address = None if ray_info is None else ray_info.get("address")
-        if address is not None:
-            say(f"reusing the embedded Ray cluster at {address} (host PID {rayhost_pid})")
-    if address is None:
-        if rayhost_pid is not None:
-            stop_pid(rayhost_pid, 30)
-        (state / "ray.json").unlink(missing_ok=True)
-        say(f"starting an embedded Ray cluster: {local_nodes} node(s) x {gpus_per_node} GPU slot(s)")
-        host, address = spawn_rayhost(state, local_nodes, gpus_per_node, timeout_s,
-                                      on_spawn=lambda pid: _write_server_json(
-                                          state, {"rayhost_pid": pid, "embedded": True}))
-        rayhost_pid = host.pid
-    (state / "service.json").unlink(missing_ok=True)
-    say(f"starting the service (policy {policy}, rounds every {interval_s:g} s)")
-    log = state / "service.log"
-    service = _spawn([sys.executable, "-m", "pollux.cluster.service", "--state-dir", str(state),
-                      "--ray-address", address, "--policy", policy, "--interval", str(interval_s),
-                      "--port", str(port), "--stop-grace", str(stop_grace_s),
-                      "--max-retries", str(max_retries),
-                      "--seed", str(seed)], log, env)
-    _write_server_json(state, {"rayhost_pid": rayhost_pid, "embedded": ray_address is None,
-                               "service_pid": service.pid, "ray_address": address})
-    svc = _wait_for(state / "service.json", service, timeout_s, "the service", log)
-    _write_server_json(state, {"rayhost_pid": rayhost_pid, "embedded": ray_address is None,
-                               "service_pid": service.pid, "ray_address": address, "url": svc["url"]})
-    return ServerInfo(state, svc["url"], token, service.pid, rayhost_pid, address)
+def cluster_processes(state_dir: Path, rayhost_pid: int | None = None) -> list[int]:
+    """PIDs of the live processes of ``state_dir``'s embedded Ray cluster: those whose environment
+    names the folder's Ray token file (the Ray host, GCS, raylets, workers, the service), and, if
+    ``rayhost_pid`` is given, the Ray processes of the Ray host's session (Ray starts its agents with
+    an environment of their own; they outlive a Ray host killed with SIGKILL)."""
+    marker = f"RAY_AUTH_TOKEN_PATH={Path(state_dir).resolve() / RAY_TOKEN}".encode()
+    out = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == os.getpid():
+            continue
+        pid = int(entry)
+        try:
+            if marker in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0"):
+                out.append(pid)
+            elif rayhost_pid and _session(pid) == int(rayhost_pid) \
+                    and b"ray" in Path(f"/proc/{pid}/cmdline").read_bytes():
+                out.append(pid)
+        except OSError:
+            continue
+    return [p for p in out if pid_alive(p)]
+
+
+def _session(pid: int) -> int | None:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return int(f.read().rsplit(")", 1)[1].split()[3])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def _sweep(state: Path, rayhost_pid: int | None = None) -> int:
+    """SIGKILL whatever is left of the folder's embedded cluster; returns how many processes."""
+    pids = cluster_processes(state, rayhost_pid)
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except OSError:
+            pass
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and any(pid_alive(p) for p in pids):
+        for p in pids:
+            _reap(p)
+        time.sleep(0.05)
+    return len(pids)
 
 
 def _write_server_json(state: Path, data: dict[str, Any]) -> None:
@@ -221,41 +235,223 @@ def _write_server_json(state: Path, data: dict[str, Any]) -> None:
     write_json_atomic(state / "server.json", data)
 
 
+def _running_service(state: Path) -> tuple[int, str | None] | None:
+    """``(PID, URL)`` of the service running from ``state``: the holder of ``service.lock``, or (a
+    service of an older version, which took no lock) the live PID that ``server.json`` records."""
+    info = read_json(state / "server.json") or {}
+    svc = read_json(state / "service.json") or {}
+    holder = lock_holder(state / SERVICE_LOCK)
+    if holder:
+        url = svc.get("url") if svc.get("pid") == holder else None
+        if url is None and info.get("service_pid") == holder:
+            url = info.get("url")
+        return holder, url
+    if pid_alive(info.get("service_pid")):
+        return int(info["service_pid"]), info.get("url")
+    return None
+
+
+def start(state_dir: Path, *, ray_address: str | None = None, local_nodes: int = 4, gpus_per_node: int = 2,
+          policy: str = "pollux", interval_s: float = 60.0, port: int = 0, stop_grace_s: float = 60.0,
+          max_retries: int = 3, seed: int = 0, timeout_s: float = 180.0, run_as: str | None = None,
+          progress: Any = None) -> ServerInfo:
+    """Start the server (or only its service, if the Ray host is still up); returns where it listens.
+
+    ``run_as`` runs the replicas as that OS user (the caller must be root). Raises
+    :class:`ServerError`, having started nothing or stopped what it started, if the folder is busy
+    (another start, a live service), its job store is damaged, or a process does not come up.
+    """
+    say = progress or (lambda msg: None)
+    try:
+        check_run_as(run_as)
+    except ValueError as exc:
+        raise ServerError(str(exc)) from None
+    state = Path(state_dir).resolve()
+    state.mkdir(parents=True, exist_ok=True)
+    os.chmod(state, 0o711 if run_as else 0o700)
+    lock = FolderLock(state / START_LOCK)
+    try:
+        lock.acquire()
+    except LockedError as exc:
+        raise ServerError(f"another `pollux server start` or `stop`{f' (PID {exc.pid})' if exc.pid else ''} "
+                          f"is working on {state}; this start did nothing") from None
+    with lock:
+        return _start_locked(state, ray_address=ray_address, local_nodes=local_nodes,
+                             gpus_per_node=gpus_per_node, policy=policy, interval_s=interval_s, port=port,
+                             stop_grace_s=stop_grace_s, max_retries=max_retries, seed=seed,
+                             timeout_s=timeout_s, run_as=run_as, say=say)
+
+
+def _start_locked(state: Path, *, ray_address: str | None, local_nodes: int, gpus_per_node: int, policy: str,
+                  interval_s: float, port: int, stop_grace_s: float, max_retries: int, seed: int,
+                  timeout_s: float, run_as: str | None, say: Any) -> ServerInfo:
+    running = _running_service(state)
+    if running is not None:
+        where = f", {running[1]}" if running[1] else ""
+        raise ServerError(f"a Pollux service already runs from {state} (PID {running[0]}{where}); stop it "
+                          "first with `pollux server stop`")
+    try:
+        check_store(state)
+    except StoreError as exc:
+        raise ServerError(f"{exc}; nothing was started") from None
+    secure_state_dir(state, run_as)
+    if run_as:
+        from pollux.cluster.launcher import prepare_run_as
+        try:
+            prepare_run_as(state, run_as)
+        except ValueError as exc:
+            raise ServerError(f"{exc}; nothing was started") from None
+    token = _ensure_token(state)
+    info = read_json(state / "server.json") or {}
+    embedded = ray_address is None
+    auth = ray_auth_env(state) if embedded else {}
+    env = {**os.environ, **ray_env(), **auth}
+    rayhost_pid = info.get("rayhost_pid")
+    if info.get("embedded", True) and rayhost_pid and not pid_alive(rayhost_pid):
+        _sweep(state, rayhost_pid)            # what a Ray host killed earlier left behind
+    if not (info.get("embedded", True) and pid_alive(rayhost_pid)):
+        rayhost_pid = None
+    address = ray_address
+    if embedded and rayhost_pid is not None:
+        ray_info = read_json(state / "ray.json") or {}
+        if ray_info.get("pid") == rayhost_pid and ray_info.get("address"):
+            from pollux.cluster.rayhost import gcs_listening
+            if gcs_listening(ray_info["address"]) is None:
+                address = ray_info["address"]
+                say(f"reusing the embedded Ray cluster at {address} (host PID {rayhost_pid})")
+    spawned: int | None = None
+    service: subprocess.Popen | None = None
+    try:
+        if rayhost_pid is not None and (address is None or not embedded):
+            say(f"stopping the earlier embedded Ray cluster (PID {rayhost_pid})"
+                + (": it does not answer" if embedded else ""))
+            stop_pid(rayhost_pid, 30)
+            _sweep(state, rayhost_pid)
+            rayhost_pid = None
+        if address is None:
+            (state / "ray.json").unlink(missing_ok=True)
+            say(f"starting an embedded Ray cluster: {local_nodes} node(s) x {gpus_per_node} GPU slot(s)")
+
+            def record(pid: int) -> None:
+                nonlocal spawned
+                spawned = pid
+                _write_server_json(state, {"rayhost_pid": pid, "embedded": True})
+
+            host, address = spawn_rayhost(state, local_nodes, gpus_per_node, timeout_s, on_spawn=record,
+                                          env=auth)
+            rayhost_pid = host.pid
+        (state / "service.json").unlink(missing_ok=True)
+        say(f"starting the service (policy {policy}, rounds every {interval_s:g} s"
+            f"{f', replicas run as {run_as}' if run_as else ''})")
+        log = state / "service.log"
+        argv = [sys.executable, "-m", "pollux.cluster.service", "--state-dir", str(state),
+                "--ray-address", address, "--policy", policy, "--interval", str(interval_s),
+                "--port", str(port), "--stop-grace", str(stop_grace_s), "--max-retries", str(max_retries),
+                "--seed", str(seed)]
+        if run_as:
+            argv += ["--run-as", run_as]
+        if embedded and rayhost_pid is not None:
+            argv += ["--rayhost-pid", str(rayhost_pid)]
+        service = _spawn(argv, log, env)
+        record_ = {"rayhost_pid": rayhost_pid, "embedded": embedded, "service_pid": service.pid,
+                   "ray_address": address, "run_as": run_as}
+        _write_server_json(state, record_)
+        svc = _wait_for(state / "service.json", service, timeout_s, "the service", log)
+        _write_server_json(state, {**record_, "url": svc["url"]})
+    except BaseException as exc:
+        note = _abort(state, service, spawned, rayhost_pid if spawned is None else None, address)
+        if isinstance(exc, ServerError):
+            raise ServerError(f"{exc}{note}") from None
+        raise
+    return ServerInfo(state, svc["url"], token, service.pid, rayhost_pid, address, run_as)
+
+
+def _abort(state: Path, service: subprocess.Popen | None, spawned: int | None, kept_rayhost: int | None,
+           address: str | None) -> str:
+    """Undo a failed start: stop its service and the Ray host it launched; returns a note saying so."""
+    notes = []
+    if service is not None and pid_alive(service.pid):
+        stop_pid(service.pid, 10)
+    if spawned is not None:
+        stop_pid(spawned, 30)
+        _sweep(state, spawned)
+        notes.append(f"stopped the Ray host this start had launched (PID {spawned})")
+        (state / "server.json").unlink(missing_ok=True)
+    elif kept_rayhost is not None and pid_alive(kept_rayhost):
+        _write_server_json(state, {"rayhost_pid": kept_rayhost, "embedded": True, "ray_address": address})
+    else:
+        (state / "server.json").unlink(missing_ok=True)
+    return f"\n({'; '.join(notes)})" if notes else ""
+
+
 def connect(state_dir: Path) -> ServerInfo:
     """The running server of ``state_dir``; raises :class:`ServerError` if none runs there."""
     state = Path(state_dir).resolve()
-    info = _read_json(state / "server.json")
-    if not info or not pid_alive(info.get("service_pid")) or not info.get("url"):
+    info = read_json(state / "server.json") or {}
+    running = _running_service(state)
+    if running is None or not running[1]:
         raise ServerError(f"no Pollux service runs from {state}; start one with `pollux server start`")
     try:
         token = (state / "admin-token").read_text().strip()
     except FileNotFoundError as exc:
         raise ServerError(f"{state / 'admin-token'}: admin token file not found") from exc
-    return ServerInfo(state, info["url"], token, int(info["service_pid"]), info.get("rayhost_pid"),
-                      info.get("ray_address", ""))
+    return ServerInfo(state, running[1], token, running[0], info.get("rayhost_pid"),
+                      info.get("ray_address", ""), info.get("run_as"))
 
 
 def stop(state_dir: Path, *, timeout_s: float = 120.0, progress: Any = None) -> dict[str, Any]:
-    """Stop the service, the embedded Ray host, and any recorded replica still alive (by PID)."""
+    """Stop the service, the embedded Ray host, what is left of its cluster, and any recorded replica
+    still alive (by PID). Waits up to ``timeout_s`` for a start in progress to finish first."""
     say = progress or (lambda msg: None)
     state = Path(state_dir).resolve()
-    info = _read_json(state / "server.json") or {}
-    report: dict[str, Any] = {"service_killed": False, "rayhost_killed": False, "replicas_killed": 0}
-    if pid_alive(info.get("service_pid")):
-        say(f"stopping the service (PID {info['service_pid']}); running jobs are preempted")
-        report["service_killed"] = stop_pid(info["service_pid"], timeout_s)
-    if info.get("embedded", True) and pid_alive(info.get("rayhost_pid")):
-        say(f"stopping the embedded Ray cluster (PID {info['rayhost_pid']})")
-        report["rayhost_killed"] = stop_pid(info["rayhost_pid"], 60)
-    report["replicas_killed"] = _stop_recorded_replicas(state)
-    (state / "server.json").unlink(missing_ok=True)
-    (state / "service.json").unlink(missing_ok=True)
+    report: dict[str, Any] = {"was_running": False, "service_pid": None, "service_pids": [],
+                              "rayhost_pid": None, "service_killed": False, "rayhost_killed": False,
+                              "ray_processes_killed": 0, "replicas_killed": 0}
+    if not state.is_dir():
+        return report
+    lock = FolderLock(state / START_LOCK)
+    try:
+        lock.acquire(timeout_s=timeout_s)
+    except LockedError as exc:
+        raise ServerError(f"a `pollux server start`{f' (PID {exc.pid})' if exc.pid else ''} is still working "
+                          f"on {state} after {timeout_s:g} s; try again when it has finished") from None
+    with lock:
+        info = read_json(state / "server.json") or {}
+        pids = []
+        running = _running_service(state)
+        if running is not None:
+            pids.append(running[0])
+        if pid_alive(info.get("service_pid")) and info["service_pid"] not in pids:
+            pids.append(int(info["service_pid"]))
+        for pid in pids:
+            say(f"stopping the service (PID {pid}); running jobs are preempted")
+            report["service_killed"] |= stop_pid(pid, timeout_s)
+        report["service_pids"] = pids
+        report["service_pid"] = pids[0] if pids else None
+        host = info.get("rayhost_pid") if info else (read_json(state / "ray.json") or {}).get("pid")
+        embedded = info.get("embedded", True)
+        if embedded and pid_alive(host):
+            say(f"stopping the embedded Ray cluster (PID {host})")
+            report["rayhost_pid"] = host
+            report["rayhost_killed"] = stop_pid(host, 60)
+        report["ray_processes_killed"] = _sweep(state, host if embedded else None)
+        if report["ray_processes_killed"]:
+            say(f"killed {report['ray_processes_killed']} leftover process(es) of the embedded Ray cluster")
+        report["replicas_killed"] = _stop_recorded_replicas(state)
+        (state / "server.json").unlink(missing_ok=True)
+        (state / "service.json").unlink(missing_ok=True)
+    report["was_running"] = bool(pids or report["rayhost_pid"] or report["ray_processes_killed"]
+                                 or report["replicas_killed"])
     return report
 
 
 def _stop_recorded_replicas(state: Path) -> int:
     db = state / "jobs.db"
     if not db.exists():
+        return 0
+    try:
+        check_store(state)   # never let opening the store turn a damaged file into an empty store
+    except StoreError:
         return 0
     from pollux.cluster.store import JobStore
     killed = 0
@@ -277,28 +473,47 @@ def _is_replica(pid: int, job_id: str) -> bool:
     return f"POLLUX_JOB_ID={job_id}".encode() in environ
 
 
-def status(state_dir: Path) -> dict[str, Any]:
-    """What runs from ``state_dir``: PIDs and liveness, the API's health, the cluster and job counts."""
+def status(state_dir: Path, *, probe_ray: bool = True) -> dict[str, Any]:
+    """What runs from ``state_dir``: PIDs and liveness, the API's and Ray's health, the cluster and
+    job counts. ``healthy`` is true when the service answers and its Ray cluster is not known to be
+    down (``ray_healthy`` false, with ``ray_error`` saying why)."""
     import httpx
     state = Path(state_dir).resolve()
-    info = _read_json(state / "server.json") or {}
-    out: dict[str, Any] = {"state_dir": str(state), "url": info.get("url"),
-                           "service_pid": info.get("service_pid"),
-                           "service_alive": pid_alive(info.get("service_pid")),
-                           "rayhost_pid": info.get("rayhost_pid"),
-                           "rayhost_alive": pid_alive(info.get("rayhost_pid")),
-                           "ray_address": info.get("ray_address"), "healthy": False}
-    if out["service_alive"] and info.get("url"):
+    info = read_json(state / "server.json") or {}
+    running = _running_service(state)
+    embedded = info.get("embedded", True)
+    rayhost_pid = info.get("rayhost_pid")
+    out: dict[str, Any] = {"state_dir": str(state), "url": running[1] if running else info.get("url"),
+                           "service_pid": running[0] if running else info.get("service_pid"),
+                           "service_alive": running is not None,
+                           "rayhost_pid": rayhost_pid, "rayhost_alive": pid_alive(rayhost_pid),
+                           "ray_address": info.get("ray_address"), "run_as": info.get("run_as"),
+                           "api_ok": False, "ray_healthy": None, "ray_error": None, "healthy": False}
+    if embedded and rayhost_pid and not out["rayhost_alive"]:
+        out["ray_healthy"] = False
+        out["ray_error"] = f"the Ray host (PID {rayhost_pid}) is not running"
+    elif probe_ray and out["ray_address"] and (running is not None or out["rayhost_alive"]):
+        from pollux.cluster.rayhost import probe
+        token = state / RAY_TOKEN
+        env = {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(token)} \
+            if embedded and token.exists() else {}
+        health = probe(out["ray_address"], env)
+        out["ray_healthy"] = health["healthy"]
+        out["ray_error"] = health.get("error")
+        if "alive_nodes" in health:
+            out["ray_nodes"] = health["alive_nodes"]
+    if running is not None and out["url"]:
         try:
             token = (state / "admin-token").read_text().strip()
             headers = {"Authorization": f"Bearer {token}"}
-            with httpx.Client(base_url=info["url"], headers=headers, timeout=5.0) as client:
-                out["healthy"] = client.get("/v1/health").json().get("status") == "ok"
+            with httpx.Client(base_url=out["url"], headers=headers, timeout=5.0) as client:
+                out["api_ok"] = client.get("/v1/health").json().get("status") == "ok"
                 out["cluster"] = client.get("/v1/cluster").json()
                 counts: dict[str, int] = {}
                 for job in client.get("/v1/jobs").json():
                     counts[job["state"]] = counts.get(job["state"], 0) + 1
                 out["jobs"] = counts
-        except (httpx.HTTPError, OSError, ValueError) as exc:
+        except (httpx.HTTPError, OSError, ValueError, TypeError, KeyError, AttributeError) as exc:
             out["error"] = str(exc)
+    out["healthy"] = bool(out["api_ok"] and out["ray_healthy"] is not False)
     return out

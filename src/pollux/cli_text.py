@@ -1,0 +1,241 @@
+"""Text of the live-service commands of ``pollux``: tables, durations, ``describe``, log following,
+and the escaping of control characters.
+
+Every human-readable line the CLI prints passes what came from the service (job names, arguments,
+failure reasons, node names, error details) through :func:`escape`: control characters, the Unicode
+line and bidirectional-override characters and lone surrogates print as visible escapes (``\\n``,
+``\\x1b``, ``\\u202e``), so a job named ``"a\\n\\x1b[31mb"`` can neither break a table nor recolour or
+rewrite the terminal. Backslashes are left as they are. ``--json`` output is JSON (every control
+character escaped by the encoder). ``pollux logs`` prints a job's own output as it is when piped, and
+with the same escaping (tabs and newlines kept) on a terminal; ``--raw`` prints it as it is there too.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+__all__ = ["LogFollower", "alloc", "describe_text", "duration", "escape", "escape_lines", "escape_log",
+           "runtime", "table", "when"]
+
+#: Characters that must never reach a terminal raw: C0 and C1 controls, DEL, the Unicode line and
+#: paragraph separators, bidirectional marks and overrides, and lone surrogates.
+_UNSAFE = re.compile(r"[\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u2028\u2029\u202a-\u202e\u2066-\u2069"
+                     r"\ud800-\udfff]")
+_NAMED = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
+
+
+def _visible(match: re.Match[str]) -> str:
+    c = match.group()
+    if c in _NAMED:
+        return _NAMED[c]
+    return f"\\x{ord(c):02x}" if ord(c) < 0x100 else f"\\u{ord(c):04x}"
+
+
+def escape(value: Any) -> str:
+    """``str(value)`` with every unsafe character (see ``_UNSAFE``) as a visible escape."""
+    return _UNSAFE.sub(_visible, str(value))
+
+
+def escape_lines(text: str) -> str:
+    """:func:`escape` of each line of ``text``, keeping its line breaks (for multi-line messages)."""
+    return "\n".join(escape(line) for line in str(text).split("\n"))
+
+
+_LOG_UNSAFE = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f\u061c\u200e\u200f\u2028\u2029\u202a-\u202e"
+                         r"\u2066-\u2069\ud800-\udfff]")
+
+
+def escape_log(text: str) -> str:
+    """A job's output for a terminal: :func:`escape` but for newlines and tabs."""
+    return _LOG_UNSAFE.sub(_visible, text)
+
+
+def table(headers: Sequence[str], rows: Sequence[Sequence[Any]], right: Sequence[int] = ()) -> str:
+    """Plain aligned columns, two spaces apart (cells escaped); columns in ``right`` are right-aligned."""
+    cells = [[escape(c) for c in headers], *[[escape(c) for c in row] for row in rows]]
+    widths = [max(len(row[i]) for row in cells) for i in range(len(headers))]
+    lines = []
+    for row in cells:
+        parts = [c.rjust(w) if i in right else c.ljust(w) for i, (c, w) in enumerate(zip(row, widths,
+                                                                                           strict=True))]
+        lines.append("  ".join(parts).rstrip())
+    return "\n".join(lines)
+
+
+def duration(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    s = max(0, int(seconds))
+    if s < 60:
+        return f"{s}s"
+    m, s = divmod(s, 60)
+    if m < 60:
+        return f"{m}m{s:02d}s"
+    h, m = divmod(m, 60)
+    if h < 24:
+        return f"{h}h{m:02d}m"
+    d, h = divmod(h, 24)
+    return f"{d}d{h:02d}h"
+
+
+def when(t: float | None) -> str:
+    if t is None:
+        return "-"
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t))
+
+
+def alloc(allocation: dict[str, int] | None) -> str:
+    if not allocation:
+        return "-"
+    return ",".join(f"{node}:{gpus}" for node, gpus in sorted(allocation.items()))
+
+
+def runtime(job: dict[str, Any], now: float) -> float | None:
+    if job.get("start_time") is None:
+        return None
+    end = job.get("end_time")
+    return (end if end is not None else now) - job["start_time"]
+
+
+def num(x: Any) -> str:
+    return f"{x:g}" if isinstance(x, float) else str(x)
+
+
+def describe_text(job: dict[str, Any]) -> str:
+    now = time.time()
+    spec = job["spec"]
+    out = [f"{escape(job['id'])} ({escape(job['name'])})"]
+
+    def kv(key: str, value: Any) -> None:
+        out.append(f"  {key:<14}{escape(value)}")
+
+    kv("state", job["state"])
+    kv("submitted", f"{when(job['submit_time'])} ({duration(now - job['submit_time'])} ago)")
+    kv("started", when(job["start_time"]))
+    kv("ended", when(job["end_time"]))
+    kv("runtime", duration(runtime(job, now)))
+    kv("restarts", f"{job['restarts']} ({job.get('failures', 0)} failed run(s))")
+    kv("service", f"{job['attained_service']:.1f} GPU-seconds")
+    gpus = sum(job["allocation"].values())
+    kv("allocation", f"{alloc(job['allocation'])} ({gpus} GPU(s))" if gpus else "-")
+    if job.get("failure_reason"):
+        kv("failure", job["failure_reason"])
+
+    out.append("spec")
+    kv("entrypoint", spec["entrypoint"])
+    kv("args", " ".join(spec.get("args") or []) or "-")
+    kv("working dir", spec.get("working_dir") or "-")
+    max_bsz = spec.get("max_batch_size")
+    kv("batch size", f"{spec['init_batch_size']}" + (f" (max {max_bsz})" if max_bsz else " (fixed)"))
+    bounds = spec.get("local_bsz_bounds")
+    if bounds:
+        lo, hi = bounds
+        kv("local batch", f"{lo if lo is not None else 1}..{hi if hi is not None else 'unbounded'}")
+    max_r = spec.get("max_replicas")
+    kv("replicas", f"{spec.get('min_replicas', 0)}..{max_r if max_r is not None else 'any'}")
+    res = spec.get("resources") or {}
+    kv("per replica", ", ".join(f"{k}={num(v)}" for k, v in res.items()) or "-")
+    kv("preemptible", "yes" if spec.get("preemptible", True) else "no")
+
+    transitions = job.get("transitions") or []
+    if transitions:
+        out.append("transitions")
+        rows = [[when(t["time"]), t["from_state"] or "-", t["to_state"], t["reason"] or ""]
+                for t in transitions]
+        out += ["  " + line for line in table(["TIME", "FROM", "TO", "REASON"], rows).splitlines()]
+    history = job.get("allocation_history") or []
+    if history:
+        out.append("allocation history")
+        rows = [[when(a["time"]), sum(a["allocation"].values()), alloc(a["allocation"])] for a in history]
+        out += ["  " + line for line in table(["TIME", "GPUS", "ALLOCATION"], rows, right=(1,)).splitlines()]
+    replicas = job.get("replicas") or []
+    if replicas:
+        out.append("replicas")
+        rows = [[r["restart"], r["rank"], r["node"], r["pid"] if r["pid"] is not None else "-",
+                 when(r["start_time"]), r["exit_code"] if r["exit_code"] is not None else "-"]
+                for r in replicas]
+        out += ["  " + line for line in table(["RESTART", "RANK", "NODE", "PID", "STARTED", "EXIT"], rows,
+                                               right=(0, 1, 3, 5)).splitlines()]
+    hints = job.get("hints")
+    out.append("hints" + ("" if hints else "          (none received yet)"))
+    if hints:
+        grad = hints.get("grad") or {}
+        init = hints.get("init_batch_size")
+        if grad.get("sqr") and init:
+            kv("noise scale", f"{grad['var'] * init / grad['sqr']:.1f} (gradient noise scale at M0={init})")
+        kv("progress", f"epoch {hints.get('epoch')}, {num(hints.get('progress'))} examples at M0")
+        lo, hi = hints.get("local_bsz_bounds") or (None, None)
+        kv("batch limits", f"{init}..{hints.get('max_batch_size')}, local {lo}..{hi}, accumulation "
+                           f"{'on' if hints.get('accumulation') else 'off'}")
+        kv("replicas seen", hints.get("max_replicas_seen"))
+        tp = hints.get("throughput") or {}
+        if tp:
+            kv("throughput", ", ".join(f"{k}={num(v)}" for k, v in tp.items()))
+    return "\n".join(out)
+
+
+_LOG_HEADER = re.compile(r"^==> restart (\d+) rank (\d+) \(node .*\) <==$")
+
+
+def log_sections(text: str) -> dict[tuple[int, int], tuple[str, str]]:
+    """``{(restart, rank): (header line, log text)}`` of the logs endpoint's answer, in its order."""
+    sections: dict[tuple[int, int], tuple[str, list[str]]] = {}
+    key = None
+    for line in text.splitlines(keepends=True):
+        match = _LOG_HEADER.match(line.rstrip("\n"))
+        if match:
+            key = (int(match[1]), int(match[2]))
+            sections[key] = (line if line.endswith("\n") else line + "\n", [])
+        elif key is not None:
+            sections[key][1].append(line)
+    return {k: (header, "".join(lines)) for k, (header, lines) in sections.items()}
+
+
+class LogFollower:
+    """Prints what is new in each replica's log at every poll, like ``tail -f`` over several files.
+
+    The service ends a log that does not end with a newline with one, so a line still being written
+    cannot be told from a finished one: while following, the last line of a log is held back until a
+    later line arrives or it is the same at the next poll (or the job ends). A line printed so and
+    then continued has its continuation printed on a line of its own; nothing is lost or repeated.
+    """
+
+    def __init__(self, write: Callable[[str], Any]) -> None:
+        self.write = write
+        self.done: dict[tuple[int, int], int] = {}     # characters of the log printed
+        self.last: dict[tuple[int, int], str] = {}     # the last line printed
+        self.held: dict[tuple[int, int], str] = {}     # the last line seen but not printed
+        self.current: tuple[int, int] | None = None
+
+    def feed(self, text: str, final: bool) -> None:
+        for key, (header, body) in log_sections(text).items():
+            start = self.done.get(key, 0)
+            last = self.last.get(key, "")
+            if last and not body.startswith(last, start - len(last)):
+                if body.startswith(last[:-1], start - len(last)):
+                    start -= 1          # that line was unfinished: its newline came from the service
+                else:
+                    start = 0           # the file was replaced: print it again
+            lines = body[start:].splitlines(keepends=True)
+            if not lines:
+                continue
+            emit = lines
+            if not final:
+                if len(lines) == 1 and self.held.get(key) == lines[0]:
+                    del self.held[key]
+                else:
+                    self.held[key] = lines[-1]
+                    emit = lines[:-1]
+            if not emit:
+                continue
+            chunk = "".join(emit)
+            if self.current != key:
+                self.write(header)
+                self.current = key
+            self.write(chunk)
+            self.done[key] = start + len(chunk)
+            self.last[key] = emit[-1]
+
