@@ -179,3 +179,103 @@ def test_round_with_100_jobs_completes(store):
     check_allocation(res.allocation, CLUSTER)
     assert res.num_jobs == 100 and 0 < total(res.allocation) <= CLUSTER.total_gpus
     print(f"100-job round on 4x2 GPUs: {res.duration_s:.3f} s")
+
+
+# ---------------------------------------------------------------------------------- one job's numbers
+
+
+def _write_hints_row(store, job_id, hints_obj):
+    """Store hints as they are, bypassing validation (an older Pollux, or a hand edit)."""
+    import json
+    import sqlite3
+    with sqlite3.connect(store.path) as conn:
+        conn.execute("INSERT OR REPLACE INTO hints (job_id, time, hints) VALUES (?, ?, ?)",
+                     (job_id, 1.0, json.dumps(hints_obj)))
+
+
+def test_job_view_clamps_replica_counts_to_the_cluster(store):
+    import dataclasses
+    job = store.submit(spec(), job_id="huge", now=1.0)
+    huge = dataclasses.replace(job, spec=dataclasses.replace(job.spec, min_replicas=10**20,
+                                                             max_replicas=10**20, init_batch_size=10**20))
+    view = job_view(huge, None, now=5.0, total_gpus=8)
+    assert view.min_replicas == 9 and view.max_replicas == 9      # above the cluster: still never fits
+    assert view.fixed[0] == 9 and view.fixed[1] <= 2**62
+    assert job_view(huge, None, now=5.0).max_replicas <= 2**16
+    others = [job_view(j, None, 5.0, 8) for j in submit(store, 3)]
+    for name in ("pollux", "tiresias", "fifo"):
+        alloc, _ = make_policy(name).decide([view, *others], CLUSTER, {}, None, 5.0, np.random.default_rng(0))
+        check_allocation(alloc, CLUSTER)
+        assert "huge" not in alloc and {"j000", "j001", "j002"} <= set(alloc), (name, alloc)
+    two = store.submit(spec(resources={"GPU": 2}), job_id="two", now=2.0)
+    assert job_view(two, None, 5.0, 8).min_replicas == 2               # a replica needs 2 slots
+
+
+def test_hints_that_make_the_policy_raise_do_not_stop_scheduling(store, caplog):
+    submit(store, 3)
+    bad = hints()
+    bad.update(init_batch_size=10**300, max_batch_size=10**300, local_bsz_bounds=[1, 10**300])
+    _write_hints_row(store, "j001", bad)
+    with pytest.raises(ValueError):                  # what every round did before: no one scheduled
+        make_policy("pollux").decide([job_view(j, store.get_hints(j.id), 5.0, 8) for j in store.list_jobs()],
+                                     CLUSTER, {}, None, 5.0, np.random.default_rng(0))
+    sched = Scheduler(store, CLUSTER)
+    with caplog.at_level("ERROR", logger="pollux.cluster"):
+        first = sched.run_round(100.0)
+        second = sched.run_round(160.0)
+    for res in (first, second):
+        check_allocation(res.allocation, CLUSTER)
+        assert {"j000", "j001", "j002"} <= set(res.allocation) and not res.excluded
+    errors = [r for r in caplog.records if "j001" in r.getMessage()]
+    assert len(errors) == 1 and "without its hints" in errors[0].getMessage()
+
+
+def test_stored_hints_that_no_longer_validate_fall_back_to_no_model(store):
+    submit(store, 2)
+    bad = hints()
+    bad["throughput"]["gamma"] = 1e300
+    _write_hints_row(store, "j000", bad)
+    res = Scheduler(store, CLUSTER).run_round(100.0)
+    assert set(res.allocation) == {"j000", "j001"} and not res.excluded
+
+
+class _PoisonedFifo:
+    """FIFO, except that any round including the job ``poison`` raises (a policy bug one job hits)."""
+
+    name = "fifo"
+
+    def __init__(self) -> None:
+        self.inner = make_policy("fifo")
+
+    def decide(self, jobs, cluster, allocation, state, now, rng):
+        if any(j.id == "poison" for j in jobs):
+            raise OverflowError("Python int too large to convert to C long")
+        return self.inner.decide(jobs, cluster, allocation, state, now, rng)
+
+
+def test_job_that_makes_the_policy_raise_is_left_out_of_the_round(store, caplog):
+    submit(store, 3)
+    store.submit(spec(), job_id="poison", now=0.5)
+    store.transition("poison", "starting", now=1.0)
+    store.set_allocation("poison", {CLUSTER.nodes[0]: 1}, now=1.0)
+    with caplog.at_level("ERROR", logger="pollux.cluster"):
+        res = schedule_once(store, CLUSTER, _PoisonedFifo(), 100.0, np.random.default_rng(0))
+    assert "poison" not in res.allocation and res.changed["poison"] == {}      # left out: no GPUs
+    assert "OverflowError" in res.excluded["poison"]
+    assert {"j000", "j001", "j002"} <= set(res.allocation)
+    assert any("left out of scheduling" in r.getMessage() for r in caplog.records)
+
+
+def test_stored_row_with_huge_replica_counts_does_not_stop_the_round(store):
+    import json
+    import sqlite3
+    submit(store, 3)
+    with sqlite3.connect(store.path) as conn:
+        row = json.loads(conn.execute("SELECT spec FROM jobs WHERE id = 'j000'").fetchone()[0])
+        row.update(min_replicas=1e20, max_replicas=1e20)
+        conn.execute("UPDATE jobs SET spec = ? WHERE id = 'j000'", (json.dumps(row),))
+    store.submit(spec(min_replicas=10_000), job_id="big", now=9.0)    # valid, but more than the cluster
+    for name in ("pollux", "tiresias", "fifo"):
+        res = Scheduler(store, CLUSTER, policy_name=name).run_round(100.0)
+        check_allocation(res.allocation, CLUSTER)
+        assert {"j001", "j002"} <= set(res.allocation) and "big" not in res.allocation, (name, res.allocation)

@@ -6,9 +6,29 @@ the agent's environment and its output in a log file. Detached actors outlive th
 driver, so a crash of the service process leaves training running; a restarted service finds the
 actors again by name (``<job>/<restart>/<rank>`` in the ``pollux`` namespace) and adopts them.
 
-The child runs in its own session (so signals reach the whole process group) and asks the kernel to
-SIGKILL it if the actor's process dies (``PR_SET_PDEATHSIG``), so stopping the Ray cluster never
-leaves a replica behind.
+Nothing here blocks the caller on a replica: creating actors, asking for a rendezvous port, starting
+processes and signalling them return at once; the answers are Ray object references that the caller
+checks with :meth:`RayBackend.ready` (``ray.wait`` with no timeout, all references at once). Each
+actor answers :meth:`RayBackend.exit_futures` when its process tree is gone, so the control loop
+learns of every exit from one local ``ray.wait`` per tick, not from a round trip per replica.
+
+A replica's processes never outlive it:
+
+* the actor process is a *child subreaper* (``PR_SET_CHILD_SUBREAPER``), so whatever the replica
+  starts and leaves behind (a shell's ``sleep &``, data-loader workers, a daemonised helper) is
+  re-parented to the actor rather than to init;
+* the replica runs in its own session (signals go to its process group *and* to every descendant of
+  the actor, so a child that called ``setsid`` is reached too) and asks the kernel to SIGKILL it if
+  the actor dies (``PR_SET_PDEATHSIG``);
+* when the replica's main process exits or is killed, the actor SIGKILLs its process group and every
+  remaining descendant and reaps them, and only then reports the exit code.
+
+With ``ReplicaLaunch.user`` set (the service runs as root, replicas as an unprivileged user), the
+process runs with that user's uid, primary gid and no supplementary groups, and ``HOME``/``USER``/
+``LOGNAME`` of that user. In every case the replica's environment carries nothing of the service's
+secrets: Ray's variables (``RAY_*``, its auth token included), the service's own ``POLLUX_*``
+variables (the admin token, if one was exported) and any variable whose name says token, secret,
+password, credential or key are removed before the job's ``POLLUX_*`` variables are added.
 
 Nodes are named by a custom resource ``pollux-node-<name>`` when they declare one (the embedded
 cluster does: ``node-0``, ``node-1``, ...), otherwise by their address and the start of their Ray id.
@@ -18,21 +38,33 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import signal
+import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 logger = logging.getLogger("pollux.cluster")
 
 __all__ = ["NAMESPACE", "NODE_RESOURCE_PREFIX", "NodeInfo", "RayBackend", "ReplicaHandle",
-           "ReplicaLaunch", "actor_name", "parse_actor_name", "ray_env"]
+           "ReplicaLaunch", "actor_name", "descendants", "kill_tree", "parse_actor_name", "ray_env",
+           "replica_environment"]
 
 #: The Ray namespace of every actor the service creates.
 NAMESPACE = "pollux"
 #: A node declaring the custom resource ``pollux-node-<name>`` is called ``<name>``.
 NODE_RESOURCE_PREFIX = "pollux-node-"
+#: Inherited variables whose names match this never reach a replica (service secrets).
+SECRET_NAME = re.compile(r"TOKEN|SECRET|PASSW|CREDENTIAL|(^|_)(API_?)?KEY($|_)|AUTH", re.IGNORECASE)
+#: Inherited variables that describe the service's own user, dropped when a replica runs as another.
+USER_VARIABLES = ("HOME", "USER", "LOGNAME", "MAIL", "SHELL", "SUDO_USER", "SUDO_UID", "SUDO_GID",
+                  "SUDO_COMMAND", "XDG_RUNTIME_DIR", "XDG_CONFIG_HOME", "XDG_DATA_HOME", "XDG_CACHE_HOME")
+#: Threads of a replica actor: a blocking ``wait_exit`` must not hold up ``signal`` or ``poll``.
+ACTOR_CONCURRENCY = 4
+PR_SET_PDEATHSIG = 1
+PR_SET_CHILD_SUBREAPER = 36
 
 
 def ray_env() -> dict[str, str]:
@@ -57,17 +89,18 @@ def parse_actor_name(name: str) -> tuple[str, int, int] | None:
 
 @dataclass(frozen=True)
 class NodeInfo:
-    """One alive Ray node: its Pollux name, Ray id, address and GPU slots."""
+    """One alive Ray node: its Pollux name, Ray id, address, GPU slots and all its Ray resources."""
 
     name: str
     node_id: str
     address: str
     gpus: int
+    resources: dict[str, float] = field(default_factory=dict, hash=False)
 
 
 @dataclass(frozen=True)
 class ReplicaLaunch:
-    """How to start one replica: command, working directory, environment, log file, resources."""
+    """How to start one replica: command, working directory, environment, log file, resources, user."""
 
     rank: int
     node: str
@@ -76,6 +109,7 @@ class ReplicaLaunch:
     env: dict[str, str]
     log_path: str
     resources: dict[str, float] = field(default_factory=lambda: {"GPU": 1.0})
+    user: str | None = None
 
 
 @dataclass
@@ -90,12 +124,107 @@ class ReplicaHandle:
     pid: int | None = None
 
 
+# ------------------------------------------------------------------------------- process trees
+
+
+def _parent_pids() -> dict[int, int]:
+    """``{pid: parent pid}`` of every process visible in /proc."""
+    out = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as f:
+                out[int(entry)] = int(f.read().rsplit(b")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+    return out
+
+
+def descendants(root: int) -> list[int]:
+    """PIDs of every process below ``root`` (children first), from the parent links in /proc."""
+    children: dict[int, list[int]] = {}
+    for pid, ppid in _parent_pids().items():
+        children.setdefault(ppid, []).append(pid)
+    out: list[int] = []
+    todo = list(children.get(root, ()))
+    while todo:
+        pid = todo.pop()
+        out.append(pid)
+        todo.extend(children.get(pid, ()))
+    return out
+
+
+def _signal_all(pgid: int | None, pids: Iterable[int], signum: int) -> None:
+    if pgid is not None:
+        try:
+            os.killpg(pgid, signum)
+        except OSError:
+            pass
+    for pid in pids:
+        try:
+            os.kill(pid, signum)
+        except OSError:
+            pass
+
+
+def kill_tree(pgid: int | None, root: int | None = None, timeout_s: float = 5.0) -> int:
+    """SIGKILL the process group ``pgid`` and every descendant of ``root`` (default: this process),
+    reaping those that are this process's children; returns how many descendants were found.
+
+    Meant for a subreaper whose only children are one replica's processes: orphans re-parent to it,
+    so they are reaped here rather than left as zombies.
+    """
+    root = os.getpid() if root is None else root
+    found: set[int] = set()
+    deadline = time.monotonic() + timeout_s
+    while True:
+        left = descendants(root)
+        found.update(left)
+        _signal_all(pgid, left, signal.SIGKILL)
+        for pid in left:
+            try:
+                os.waitpid(pid, os.WNOHANG)
+            except ChildProcessError:   # not our child (yet): its parent dies and it re-parents to us
+                pass
+            except OSError:
+                pass
+        if not left or time.monotonic() > deadline:
+            return len(found)
+        time.sleep(0.02)
+
+
+def replica_environment(inherited: Mapping[str, str], job_env: Mapping[str, str],
+                        user: Any = None) -> dict[str, str]:
+    """The environment of a replica: ``inherited`` without the service's secrets, then ``job_env``.
+
+    ``user`` (a ``pwd.struct_passwd``) replaces the service user's identity variables by its own.
+    """
+    env = {k: v for k, v in inherited.items()
+           if not k.startswith(("RAY_", "POLLUX_")) and not SECRET_NAME.search(k)}
+    if user is not None:
+        for key in USER_VARIABLES:
+            env.pop(key, None)
+        env.update({"HOME": user.pw_dir, "USER": user.pw_name, "LOGNAME": user.pw_name})
+    env.update(job_env)
+    return env
+
+
+# ------------------------------------------------------------------------------- the actor
+
+
 class _ReplicaActor:
     """Body of the per-replica Ray actor (made remote lazily, so importing this module needs no Ray)."""
 
     def __init__(self) -> None:
+        import ctypes
         self.proc: Any = None
         self.exit_code: int | None = None
+        self._done = threading.Event()
+        self._lock = threading.Lock()
+        self._libc = ctypes.CDLL(None, use_errno=True)
+        # Orphaned descendants of the replica re-parent to this process, which kills and reaps them.
+        self._libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
 
     def node_port(self) -> tuple[str, int]:
         """An address of this node and a TCP port free on it (the rendezvous of rank 0)."""
@@ -107,40 +236,69 @@ class _ReplicaActor:
             s.bind((addr, 0))
             return addr, int(s.getsockname()[1])
 
-    def start(self, command: list[str], cwd: str | None, env: dict[str, str], log_path: str) -> int:
-        import ctypes
+    def start(self, command: list[str], cwd: str | None, env: dict[str, str], log_path: str,
+              user: str | None = None) -> dict[str, Any]:
+        """Start the replica's process: ``{"pid": n}``, or ``{"error": why}`` if it cannot start."""
+        import pwd
         import subprocess
 
-        os.makedirs(os.path.dirname(log_path) or ".", exist_ok=True)
-        full_env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
-        full_env.update(env)
-        libc = ctypes.CDLL(None, use_errno=True)
+        with self._lock:
+            if self.proc is not None:
+                return {"pid": int(self.proc.pid)}
+            kwargs: dict[str, Any] = {}
+            account = None
+            try:
+                if user is not None:
+                    account = pwd.getpwnam(user)
+                    if account.pw_uid != os.geteuid():
+                        kwargs = {"user": account.pw_uid, "group": account.pw_gid, "extra_groups": []}
+                full_env = replica_environment(os.environ, env, account)
+                libc = self._libc
 
-        def die_with_actor() -> None:   # runs in the child between fork and exec
-            libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+                def die_with_actor() -> None:   # runs in the child between fork and exec
+                    libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
 
-        with open(log_path, "ab", buffering=0) as log:
-            self.proc = subprocess.Popen(command, cwd=cwd, env=full_env, stdout=log, stderr=subprocess.STDOUT,
-                                         stdin=subprocess.DEVNULL, start_new_session=True,
-                                         preexec_fn=die_with_actor)
-        return int(self.proc.pid)
+                os.makedirs(os.path.dirname(log_path) or ".", exist_ok=True)
+                with open(log_path, "ab", buffering=0) as log:
+                    self.proc = subprocess.Popen(command, cwd=cwd, env=full_env, stdout=log,
+                                                 stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                                 start_new_session=True, preexec_fn=die_with_actor, **kwargs)
+            except KeyError:
+                return {"error": f"no such user {user!r} on this node"}
+            except (OSError, subprocess.SubprocessError, ValueError) as exc:
+                who = f" as user {user!r}" if user else ""
+                return {"error": f"cannot start {command[0]!r}{who}: {exc}"}
+            threading.Thread(target=self._watch, name="replica-watch", daemon=True).start()
+            return {"pid": int(self.proc.pid)}
+
+    def _watch(self) -> None:
+        code = self.proc.wait()
+        try:
+            kill_tree(self.proc.pid)
+        finally:
+            self.exit_code = int(code)
+            self._done.set()
+
+    def wait_exit(self) -> int:
+        """Block until the replica's process has exited and its whole tree is gone; its exit code."""
+        self._done.wait()
+        return int(self.exit_code)  # type: ignore[arg-type]
 
     def poll(self) -> tuple[int | None, int | None]:
         """``(pid, exit code or None while running)``."""
         if self.proc is None:
             return None, None
-        code = self.proc.poll()
-        return int(self.proc.pid), code
+        return int(self.proc.pid), (self.exit_code if self._done.is_set() else None)
 
     def signal(self, signum: int) -> bool:
-        """Send ``signum`` to the replica's process group; False if it has exited."""
-        if self.proc is None or self.proc.poll() is not None:
+        """Send ``signum`` to the replica's process group and descendants; False if it has exited."""
+        if self.proc is None or self._done.is_set():
             return False
-        try:
-            os.killpg(self.proc.pid, signum)
-        except ProcessLookupError:
-            return False
+        _signal_all(self.proc.pid, descendants(os.getpid()), signum)
         return True
+
+
+# ------------------------------------------------------------------------------- the backend
 
 
 class RayBackend:
@@ -153,6 +311,11 @@ class RayBackend:
         self.address = address
         self.namespace = namespace
         if not ray.is_initialized():
+            # Ray reads RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER once, when first imported; a process that
+            # imported it before ray_env() was set would rewrite a loopback address to the machine's
+            # outside one and never reach the local cluster. Apply the setting just made.
+            from ray._private import ray_constants
+            ray_constants.ENABLE_RAY_CLUSTER = os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] != "0"
             ray.init(address=address, namespace=namespace, logging_level=logging.WARNING,
                      log_to_driver=False, include_dashboard=False)
         self._actor_cls = ray.remote(num_cpus=0, max_restarts=0)(_ReplicaActor)
@@ -170,13 +333,13 @@ class RayBackend:
         for n in self._ray.nodes():
             if not n.get("Alive"):
                 continue
-            res = n.get("Resources", {})
+            res = {str(k): float(v) for k, v in n.get("Resources", {}).items()}
             gpus = int(res.get("GPU", 0))
             names = [k[len(NODE_RESOURCE_PREFIX):] for k in res if k.startswith(NODE_RESOURCE_PREFIX)]
             name = names[0] if names else f"{n['NodeManagerAddress']}-{n['NodeID'][:8]}"
             if gpus > 0:
                 out.append(NodeInfo(name=name, node_id=n["NodeID"], address=n["NodeManagerAddress"],
-                                    gpus=gpus))
+                                    gpus=gpus, resources=res))
         return sorted(out, key=lambda x: x.name)
 
     # -- replicas
@@ -187,46 +350,87 @@ class RayBackend:
         opts: dict[str, Any] = {
             "name": name, "lifetime": "detached", "namespace": self.namespace,
             "num_gpus": float(res.pop("GPU", 0.0)), "num_cpus": float(res.pop("CPU", 0.0)),
+            "max_concurrency": ACTOR_CONCURRENCY,
             "scheduling_strategy": NodeAffinitySchedulingStrategy(node.node_id, soft=False),
         }
+        if "memory" in res:
+            opts["memory"] = float(res.pop("memory"))
         if res:
             opts["resources"] = res
         return opts
 
-    def create_actors(self, job_id: str, restart: int,
-                      launches: Sequence[ReplicaLaunch]) -> list[ReplicaHandle]:
-        """Create the replicas' actors (not yet their processes); raises KeyError for an unknown node."""
-        by_name = {n.name: n for n in self.nodes()}
+    def create_actors(self, job_id: str, restart: int, launches: Sequence[ReplicaLaunch],
+                      nodes: Sequence[NodeInfo] | None = None) -> list[ReplicaHandle]:
+        """Create the replicas' actors (not yet their processes; Ray places them in the background).
+
+        Raises KeyError for a node not in ``nodes`` (default: the alive nodes, asked of Ray).
+        """
+        by_name = {n.name: n for n in (self.nodes() if nodes is None else nodes)}
         handles = []
-        for spec in launches:
-            node = by_name.get(spec.node)
-            if node is None:
-                raise KeyError(f"node {spec.node!r} is not an alive node of the Ray cluster")
-            actor = self._actor_cls.options(**self._options(actor_name(job_id, restart, spec.rank), node,
-                                                            spec.resources)).remote()
-            handles.append(ReplicaHandle(job_id, restart, spec.rank, spec.node, actor))
+        try:
+            for spec in launches:
+                node = by_name.get(spec.node)
+                if node is None:
+                    raise KeyError(f"node {spec.node!r} is not an alive node of the Ray cluster")
+                actor = self._actor_cls.options(**self._options(actor_name(job_id, restart, spec.rank), node,
+                                                                spec.resources)).remote()
+                handles.append(ReplicaHandle(job_id, restart, spec.rank, spec.node, actor))
+        except BaseException:
+            self.release(handles)
+            raise
         return handles
 
-    def rendezvous(self, handle: ReplicaHandle, timeout_s: float) -> tuple[str, int]:
-        """Address and a free port on the node of ``handle`` (rank 0)."""
-        return tuple(self._ray.get(handle.actor.node_port.remote(), timeout=timeout_s))  # type: ignore[return-value]
+    def rendezvous_async(self, handle: ReplicaHandle) -> Any:
+        """A reference to ``(address, free port)`` on the node of ``handle`` (rank 0); it resolves
+        once the actor has been placed and started."""
+        return handle.actor.node_port.remote()
+
+    def start_async(self, handles: Sequence[ReplicaHandle], launches: Sequence[ReplicaLaunch]) -> list[Any]:
+        """References to each replica's start result: ``{"pid": n}`` or ``{"error": why}``."""
+        return [h.actor.start.remote(s.command, s.cwd, s.env, s.log_path, s.user)
+                for h, s in zip(handles, launches, strict=True)]
+
+    def exit_futures(self, handles: Sequence[ReplicaHandle]) -> list[Any]:
+        """References that resolve to each replica's exit code once its process tree is gone (an
+        error if the actor or its node died)."""
+        return [h.actor.wait_exit.remote() for h in handles]
+
+    def ready(self, refs: Sequence[Any], timeout_s: float = 0.0) -> set[Any]:
+        """Which of ``refs`` have resolved (value or error), waiting at most ``timeout_s``."""
+        if not refs:
+            return set()
+        done, _ = self._ray.wait(list(refs), num_returns=len(refs), timeout=timeout_s, fetch_local=False)
+        return set(done)
+
+    def result(self, ref: Any, timeout_s: float = 10.0) -> Any:
+        """The value of a resolved reference (raises what the remote call raised)."""
+        return self._ray.get(ref, timeout=timeout_s)
+
+    def exit_code(self, ref: Any) -> int:
+        """The exit code an exit future resolved to; -9 for a dead or unreachable actor."""
+        try:
+            return int(self._ray.get(ref, timeout=10.0))
+        except Exception as exc:  # the actor (or its node) died
+            logger.warning("replica actor unreachable (%s): counted as killed", type(exc).__name__)
+            return -int(signal.SIGKILL)
 
     def start(self, handles: Sequence[ReplicaHandle], launches: Sequence[ReplicaLaunch],
               timeout_s: float) -> None:
-        """Start every replica's process; fills ``handle.pid``."""
-        refs = [h.actor.start.remote(s.command, s.cwd, s.env, s.log_path)
-                for h, s in zip(handles, launches, strict=True)]
-        pids = self._ray.get(refs, timeout=timeout_s)
-        for h, pid in zip(handles, pids, strict=True):
-            h.pid = int(pid)
+        """Start every replica's process and wait for it; fills ``handle.pid`` (raises on a failure)."""
+        results = self._ray.get(self.start_async(handles, launches), timeout=timeout_s)
+        for h, res in zip(handles, results, strict=True):
+            if "error" in res:
+                raise RuntimeError(res["error"])
+            h.pid = int(res["pid"])
 
     def poll(self, handles: Sequence[ReplicaHandle], timeout_s: float = 10.0) -> list[int | None]:
-        """Exit codes (None while running). A dead or unreachable actor counts as exit code -9."""
+        """Exit codes (None while running), one batched wait. A dead or unreachable actor counts as -9."""
         refs = [h.actor.poll.remote() for h in handles]
+        self.ready(refs, timeout_s)
         codes: list[int | None] = []
         for h, ref in zip(handles, refs, strict=True):
             try:
-                pid, code = self._ray.get(ref, timeout=timeout_s)
+                pid, code = self._ray.get(ref, timeout=0.1)
                 if h.pid is None and pid is not None:
                     h.pid = int(pid)
                 codes.append(code)
@@ -236,13 +440,16 @@ class RayBackend:
                 codes.append(-int(signal.SIGKILL))
         return codes
 
-    def signal(self, handles: Sequence[ReplicaHandle], signum: int, timeout_s: float = 10.0) -> None:
-        refs = [h.actor.signal.remote(int(signum)) for h in handles]
-        for ref in refs:
+    def signal(self, handles: Sequence[ReplicaHandle], signum: int, timeout_s: float | None = None) -> None:
+        """Signal the replicas' process trees; waits for the answers only if ``timeout_s`` is given."""
+        refs = []
+        for h in handles:
             try:
-                self._ray.get(ref, timeout=timeout_s)
+                refs.append(h.actor.signal.remote(int(signum)))
             except Exception:  # already gone
                 pass
+        if timeout_s is not None:
+            self.ready(refs, timeout_s)
 
     def release(self, handles: Sequence[ReplicaHandle]) -> None:
         """Kill the actors (their processes, if still alive, die with them)."""
@@ -276,17 +483,25 @@ class RayBackend:
                 out.append(str(entry))
         return out
 
-    def kill_by_name(self, name: str, grace_s: float = 5.0) -> None:
-        """Stop an orphaned replica: SIGTERM its process, wait up to ``grace_s``, kill the actor."""
-        try:
-            actor = self._ray.get_actor(name, namespace=self.namespace)
-        except ValueError:
+    def kill_by_names(self, names: Sequence[str], grace_s: float = 5.0) -> None:
+        """Stop orphaned replicas, all at once: SIGTERM their processes, wait up to ``grace_s`` for
+        them to exit, kill the actors."""
+        handles = []
+        for name in names:
+            try:
+                actor = self._ray.get_actor(name, namespace=self.namespace)
+            except ValueError:
+                continue
+            handles.append(ReplicaHandle("?", 0, 0, "?", actor))
+        if not handles:
             return
-        handle = ReplicaHandle("?", 0, 0, "?", actor)
-        self.signal([handle], signal.SIGTERM)
+        self.signal(handles, signal.SIGTERM, timeout_s=grace_s)
         deadline = time.monotonic() + grace_s
-        while time.monotonic() < deadline:
-            if self.poll([handle])[0] is not None:
-                break
-            time.sleep(0.2)
-        self.release([handle])
+        waits = [h.actor.wait_exit.remote() for h in handles]
+        self.ready(waits, max(deadline - time.monotonic(), 0.0))
+        self.signal(handles, signal.SIGKILL, timeout_s=2.0)
+        self.release(handles)
+
+    def kill_by_name(self, name: str, grace_s: float = 5.0) -> None:
+        """Stop one orphaned replica (see :meth:`kill_by_names`)."""
+        self.kill_by_names([name], grace_s)

@@ -2,18 +2,31 @@
 
 The store holds the *desired* state: each job's lifecycle state and its allocation ``{node: GPUs}``,
 written by the scheduling round every ``interval_s`` (and cleared by a cancel). The controller owns
-the *actual* state: for each job at most one :class:`Group` of replica processes (one restart of the
-job) running on Ray. Every tick (``tick_s``) it compares the two, job by job:
+the *actual* state: for each job at most one launch in flight (:class:`~pollux.cluster.launcher.Launch`)
+or one :class:`Group` of replica processes (one restart of the job) running on Ray. Every tick
+(``tick_s``) it reads the active jobs once, and compares, job by job:
 
-* no group and GPUs allocated → launch the replicas on the allocated nodes (restart number = the
-  job's restart count), state → running;
-* a group whose placement differs from the allocation (or a job cancelled or preempted to zero GPUs)
-  → SIGTERM to every replica, state → rescaling; once all have exited (the agent checkpoints and exits
-  143), or after ``stop_grace_s`` with SIGKILL, the group is gone and the job restarts on its new
-  placement (or waits as pending);
+* no group and GPUs allocated → a launch begins: the actors are created on the allocated nodes
+  (restart number = the job's restart count) and the tick moves on; later ticks poll rank 0's
+  rendezvous port, then every replica's start, without waiting; all started → running. A job
+  cancelled or re-allocated meanwhile is released at once (what had started is stopped). A launch
+  waits, counting nothing, while runs still stopping hold what it needs on its nodes;
+* a group whose placement differs from the allocation (or a job preempted to zero GPUs) → SIGTERM
+  to every replica, state → rescaling; once all have exited (the agent checkpoints and exits 143),
+  or after ``stop_grace_s`` with SIGKILL, the group is gone and the job restarts on its new
+  placement (or waits as pending). A *cancelled* job needs no checkpoint: its replicas get SIGTERM
+  and, after ``cancel_grace_s`` (2 s), SIGKILL;
 * every replica exited 0 → succeeded;
 * a replica exited with another code while not asked to stop → the others are stopped and the job
   restarts from its last checkpoint; after ``max_retries`` failed runs it fails with the reason.
+* a launch that fails (no replica formed, a resource no node has enough of, an actor that cannot be
+  created or placed within ``launch_timeout_s``, a process that cannot be started, e.g. an entrypoint
+  that is not executable) counts as a failed run: the job goes back to pending, and after
+  ``max_retries`` failures it fails with the reason.
+
+After each failure the job waits ``retry_backoff_s * 2**(failures-1)`` (at most ``max_backoff_s``).
+Exits come from one reference per replica resolving when its process tree is gone, all checked by
+one local ``ray.wait`` per tick: a tick where nothing changes makes no round trip to any actor.
 
 A replica the controller asked to stop counts as preempted whatever its exit status. Every start,
 exit and transition is written to the store as it happens, so a restarted service can reconcile:
@@ -30,16 +43,13 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
-from pollux.cluster.backend import (
-    NodeInfo,
-    RayBackend,
-    ReplicaHandle,
-    ReplicaLaunch,
-    parse_actor_name,
-)
+from pollux.cluster import launcher as lch
+from pollux.cluster.backend import NodeInfo, RayBackend, ReplicaHandle, parse_actor_name
+from pollux.cluster.launcher import Launch, LaunchError, replica_command
 from pollux.cluster.scheduler import Scheduler
-from pollux.cluster.store import ACTIVE_STATES, JobRecord, JobSpec, JobStore
+from pollux.cluster.store import ACTIVE_STATES, JobRecord, JobStore
 from pollux.hints import PREEMPTED_EXIT_CODE
 from pollux.policy.base import Cluster
 
@@ -50,16 +60,20 @@ __all__ = ["Controller", "ControllerConfig", "Group", "replica_command"]
 
 @dataclass(frozen=True)
 class ControllerConfig:
-    """Timing and retry settings of the control loop, and where replicas write."""
+    """Timing and retry settings of the control loop, where replicas write, and as whom they run."""
 
     state_dir: Path
     scheduler_url: str | None = None
     interval_s: float = 60.0
     tick_s: float = 0.5
     stop_grace_s: float = 60.0
-    launch_timeout_s: float = 120.0
+    cancel_grace_s: float = 2.0
+    launch_timeout_s: float = 60.0
     max_retries: int = 3
+    retry_backoff_s: float = 1.0
+    max_backoff_s: float = 30.0
     python: str = sys.executable
+    run_as: str | None = None
 
     @property
     def log_dir(self) -> Path:
@@ -72,7 +86,12 @@ class ControllerConfig:
 
 @dataclass
 class Group:
-    """The replica processes of one run (restart) of a job, as the controller tracks them."""
+    """The replica processes of one run (restart) of a job, as the controller tracks them.
+
+    ``futures`` maps each rank still running to the reference of its exit code. A ``cleanup`` group
+    holds the processes of a failed launch: it is only stopped and released, the failure having been
+    counted already.
+    """
 
     job_id: str
     restart: int
@@ -84,30 +103,20 @@ class Group:
     stop_deadline: float | None = None
     stop_requested_at: float | None = None
     killed: bool = False
-    accounted: float | None = None     # until when its GPU time was added to the job's service
+    accounted: float | None = None
+    futures: dict[int, Any] = field(default_factory=dict)
+    usage: lch.Usage = field(default_factory=dict)
+    cleanup: bool = False
 
     @property
     def stopping(self) -> bool:
         return self.stop_reason is not None
 
 
-def replica_command(spec: JobSpec, python: str) -> list[str]:
-    """The command of a replica: ``python script args...`` for a ``.py`` entrypoint, else as given."""
-    if spec.entrypoint.endswith(".py"):
-        return [python, spec.entrypoint, *spec.args]
-    return [spec.entrypoint, *spec.args]
-
-
-def _placement_of(ranks_nodes: list[str]) -> dict[str, int]:
-    out: dict[str, int] = {}
-    for n in ranks_nodes:
-        out[n] = out.get(n, 0) + 1
-    return dict(sorted(out.items()))
-
-
-def _ranks(placement: dict[str, int]) -> list[str]:
-    """Node of each rank: ranks fill the nodes in name order (rank 0 on the first node)."""
-    return [node for node, gpus in sorted(placement.items()) for _ in range(int(gpus))]
+def _wanted(job: JobRecord, placement: dict[str, int]) -> bool:
+    """Whether the store still wants this run: job active and allocated exactly ``placement``."""
+    desired = {n: int(g) for n, g in job.allocation.items() if int(g) > 0}
+    return not job.terminal and job.state != "pending" and desired == placement
 
 
 class Controller:
@@ -120,10 +129,15 @@ class Controller:
         self.scheduler = scheduler
         self.config = config
         self.groups: dict[str, Group] = {}
+        self.launching: dict[str, Launch] = {}
+        self.not_before: dict[str, float] = {}
         self.nodes: list[NodeInfo] = []
         self._next_round = 0.0
+        self._waiting: dict[str, str] = {}
         self.rounds = 0
         self.lock = threading.Lock()
+        if config.run_as is not None:
+            lch.prepare_run_as(Path(config.state_dir), config.run_as)
 
     # ------------------------------------------------------------------ nodes and rounds
 
@@ -168,7 +182,7 @@ class Controller:
         """
         start = group.accounted if group.accounted is not None else group.started
         group.accounted = max(now, start)
-        if now > start:
+        if now > start and not group.cleanup:
             self.store.add_service(group.job_id, (now - start) * sum(group.placement.values()))
 
     # ------------------------------------------------------------------ the tick
@@ -176,19 +190,26 @@ class Controller:
     def tick(self, now: float | None = None) -> None:
         now = time.time() if now is None else now
         with self.lock:
+            active = {j.id: j for j in self.store.list_jobs(ACTIVE_STATES)}
+            touched = set(self.launching)     # their records changed: look at them again next tick
+            self._advance_launches(active, now)
+            self._collect_exits()
+            for jid in sorted(set(active) | set(self.groups)):
+                if jid in touched or jid in self.launching:
+                    continue
+                try:
+                    self._reconcile(active.get(jid) or self.store.get_job(jid), now)
+                except Exception:
+                    logger.exception("job %s: reconciliation failed", jid)
             if now >= self._next_round:
                 self._next_round = now + self.config.interval_s
+                mono = time.monotonic()
+                self.not_before = {k: t for k, t in self.not_before.items() if t > mono}
+                self._waiting = {k: w for k, w in self._waiting.items() if k in active}
                 for g in self.groups.values():
                     if not g.stopping:
                         self._account(g, now)
                 self.run_round(now)
-            active = {j.id: j for j in self.store.list_jobs(ACTIVE_STATES)}
-            for jid in sorted(set(active) | set(self.groups)):
-                job = active.get(jid) or self.store.get_job(jid)
-                try:
-                    self._reconcile(job, now)
-                except Exception:
-                    logger.exception("job %s: reconciliation failed", jid)
 
     def _reconcile(self, job: JobRecord, now: float) -> None:
         group = self.groups.get(job.id)
@@ -196,7 +217,7 @@ class Controller:
         if group is not None:
             if not group.stopping:
                 if job.terminal:
-                    self._request_stop(group, f"job {job.state}")
+                    self._request_stop(group, f"job {job.state}", self._grace(job))
                 elif group.placement != desired:
                     self._request_stop(group, "re-allocated" if desired else "preempted")
                     if job.state == "running":
@@ -209,83 +230,227 @@ class Controller:
             if job.state in ("starting", "running", "rescaling"):
                 self.store.transition(job.id, "pending", reason="no GPUs allocated", now=now)
             return
-        self._launch(job, desired, now)
+        if time.monotonic() >= self.not_before.get(job.id, 0.0):
+            self._launch(job, desired, now)
+
+    def _grace(self, job: JobRecord) -> float:
+        return self.config.cancel_grace_s if job.state == "cancelled" else self.config.stop_grace_s
 
     # ------------------------------------------------------------------ launching
 
     def _launch(self, job: JobRecord, placement: dict[str, int], now: float) -> None:
-        alive = {n.name for n in self.nodes}
-        if not set(placement) <= alive:
+        """Begin a launch: check it can be placed, create the actors, ask rank 0 for a rendezvous."""
+        alive = {n.name: n for n in self.nodes}
+        if not set(placement) <= set(alive):
             self.request_round()
             return
         restart = job.restarts
-        ranks = _ranks(placement)
-        node_order = list(dict.fromkeys(ranks))
         spec = job.spec
-        log_root = self.config.log_dir / job.id / f"restart-{restart}"
-        base_env = {
-            "POLLUX_JOB_ID": job.id, "POLLUX_NUM_REPLICAS": str(len(ranks)),
-            "POLLUX_NUM_NODES": str(len(node_order)), "POLLUX_RESTARTS": str(restart),
-            "POLLUX_CHECKPOINT_DIR": str(self.config.checkpoint_dir / job.id),
-            "POLLUX_JOB_TOKEN": job.token, "PYTHONUNBUFFERED": "1",
-        }
+        base_env = {"POLLUX_JOB_ID": job.id, "POLLUX_RESTARTS": str(restart), "PYTHONUNBUFFERED": "1",
+                    "POLLUX_CHECKPOINT_DIR": str(self.config.checkpoint_dir / job.id)}
         if self.config.scheduler_url:
             base_env["POLLUX_SCHEDULER_URL"] = self.config.scheduler_url
-        command = replica_command(spec, self.config.python)
-        resources = dict(spec.resources)
-        launches = [ReplicaLaunch(rank=r, node=n, command=command, cwd=spec.working_dir,
-                                  env={**base_env, "POLLUX_RANK": str(r),
-                                       "POLLUX_NODE_RANK": str(node_order.index(n))},
-                                  log_path=str(log_root / f"rank-{r}.log"), resources=resources)
-                    for r, n in enumerate(ranks)]
+        try:
+            launches = lch.build_launches(spec, placement, command=replica_command(spec, self.config.python),
+                                          base_env=base_env, user=self.config.run_as,
+                                          log_root=self.config.log_dir / job.id / f"restart-{restart}")
+            usage = lch.launch_usage(placement, launches)
+            reason = lch.never_fits(usage, alive)
+            if reason is not None:
+                raise LaunchError(reason)
+        except LaunchError as exc:
+            self._count_launch_failure(job, str(exc), now)
+            return
+        others = [g.usage for jid, g in self.groups.items() if jid != job.id]
+        others += [lch.launch_usage(x.placement, x.launches)
+                   for jid, x in self.launching.items() if jid != job.id]
+        busy = lch.busy_reason(usage, others, alive)
+        if busy is not None:
+            if self._waiting.get(job.id) != busy:
+                logger.info("job %s: waiting to launch on %s (%s)", job.id, placement, busy)
+            self._waiting[job.id] = busy
+            return
+        self._waiting.pop(job.id, None)
         handles: list[ReplicaHandle] = []
         try:
-            handles = self.backend.create_actors(job.id, restart, launches)
-            addr, port = self.backend.rendezvous(handles[0], self.config.launch_timeout_s)
-            for spec_ in launches:
-                spec_.env.update({"POLLUX_MASTER_ADDR": addr, "POLLUX_MASTER_PORT": str(port)})
-            self.backend.start(handles, launches, self.config.launch_timeout_s)
+            lch.prepare_checkpoint_dir(self.config.checkpoint_dir / job.id, self.config.run_as)
+            token = self.store.issue_token(job.id)   # a fresh token per run; the store keeps its hash
+            for s in launches:
+                s.env["POLLUX_JOB_TOKEN"] = token
+            handles = self.backend.create_actors(job.id, restart, launches, nodes=self.nodes)
+            rendezvous = self.backend.rendezvous_async(handles[0])
         except Exception as exc:
-            logger.error("job %s: launch of restart %d failed: %s", job.id, restart, exc)
             self.backend.release(handles)
-            self.store.add_restart(job.id)
-            if job.state == "starting":
-                self.store.transition(job.id, "pending", reason=f"launch failed: {exc}", now=now)
-            self.request_round()
+            self._count_launch_failure(job, f"{type(exc).__name__}: {exc}", now)
             return
+        self.launching[job.id] = Launch(job.id, restart, dict(placement), launches, handles,
+                                        deadline=time.monotonic() + self.config.launch_timeout_s,
+                                        rendezvous=rendezvous)
+        logger.info("job %s: launching restart %d, %s replica(s) per node", job.id, restart,
+                    lch.replicas_of(s.node for s in launches))
+
+    def _advance_launches(self, active: dict[str, JobRecord], now: float) -> None:
+        """Move every launch in flight one step, from answers already there (no waiting)."""
+        if not self.launching:
+            return
+        ready = self.backend.ready([r for x in self.launching.values() for r in x.pending_refs], 0.0)
+        mono = time.monotonic()
+        for jid, x in list(self.launching.items()):
+            try:
+                job = active.get(jid) or self.store.get_job(jid)
+                self._advance(x, job, ready, mono, now)
+            except Exception as exc:
+                logger.exception("job %s: launch failed", jid)
+                self._drop_launch(x, self.store.get_job(jid), f"launch error: {exc}", now)
+
+    def _advance(self, x: Launch, job: JobRecord, ready: set[Any], mono: float, now: float) -> None:
+        timeout = self.config.launch_timeout_s
+        if x.starts is None:
+            if not _wanted(job, x.placement):
+                self._drop_launch(x, job, None, now)
+            elif x.rendezvous in ready:
+                try:
+                    addr, port = self.backend.result(x.rendezvous)
+                except Exception as exc:
+                    self._drop_launch(x, job, f"replica 0 on {x.launches[0].node} could not be placed: "
+                                      f"{type(exc).__name__}: {exc}", now)
+                    return
+                for s in x.launches:
+                    s.env.update({"POLLUX_MASTER_ADDR": str(addr), "POLLUX_MASTER_PORT": str(port)})
+                x.starts = self.backend.start_async(x.handles, x.launches)
+            elif mono > x.deadline:
+                self._drop_launch(x, job, f"replica 0 on {x.launches[0].node} was not placed within "
+                                  f"{timeout:g} s", now)
+            return
+        errors = []
+        for h, ref in zip(x.handles, x.starts, strict=True):
+            if h.pid is not None or ref not in ready:
+                continue
+            try:
+                res = self.backend.result(ref)
+            except Exception as exc:
+                res = {"error": f"{type(exc).__name__}: {exc}"}
+            if "error" in res:
+                errors.append(f"replica {h.rank} on {h.node}: {res['error']}")
+            else:
+                h.pid = int(res["pid"])
+        complete = all(r in ready for r in x.starts)
+        if errors:
+            self._drop_launch(x, job, errors[0], now)
+        elif not complete and not _wanted(job, x.placement):
+            self._drop_launch(x, job, None, now)
+        elif not complete and mono > x.deadline:
+            late = [h.rank for h in x.handles if h.pid is None]
+            self._drop_launch(x, job, f"replica(s) {late} did not start within {timeout:g} s", now)
+        elif complete:
+            self._launch_done(x, job)
+
+    def _launch_done(self, x: Launch, job: JobRecord) -> None:
+        self.launching.pop(x.job_id)
         t = time.time()
-        for h, spec_ in zip(handles, launches, strict=True):
-            self.store.record_replica(job.id, restart, h.rank, h.node, h.pid, spec_.log_path, now=t)
-        self.groups[job.id] = Group(job.id, restart, dict(placement), handles, started=t)
+        for h, s in zip(x.handles, x.launches, strict=True):
+            self.store.record_replica(x.job_id, x.restart, h.rank, h.node, h.pid, s.log_path, now=t)
+        group = Group(x.job_id, x.restart, dict(x.placement), x.handles, started=t,
+                      futures=dict(zip([h.rank for h in x.handles], self.backend.exit_futures(x.handles),
+                                       strict=True)),
+                      usage=lch.launch_usage(x.placement, x.launches))
+        self.groups[x.job_id] = group
+        job = self.store.get_job(x.job_id)
+        if not _wanted(job, x.placement):
+            # Cancelled or re-allocated while its processes were starting: stop them now.
+            logger.info("job %s: restart %d started after the job became %s; stopping it", x.job_id,
+                        x.restart, job.state)
+            if job.terminal:
+                self._request_stop(group, f"job {job.state}", self._grace(job))
+            return
         if job.state in ("starting", "rescaling"):
-            self.store.transition(job.id, "running", reason=f"restart {restart} on {placement}", now=t)
-        logger.info("job %s: restart %d started, %d replica(s) on %s", job.id, restart, len(handles),
-                    placement)
+            self.store.transition(x.job_id, "running", reason=f"restart {x.restart} on {x.placement}", now=t)
+        logger.info("job %s: restart %d started, %d replica(s) on %s", x.job_id, x.restart, len(x.handles),
+                    x.placement)
+
+    def _drop_launch(self, x: Launch, job: JobRecord, reason: str | None, now: float) -> None:
+        """End a launch that failed (``reason``; counted) or that the job no longer wants (None):
+        stop what it started (a cleanup group), release the other actors."""
+        self.launching.pop(x.job_id, None)
+        started = [h for h in x.handles if h.pid is not None]
+        rest = [h for h in x.handles if h.pid is None]
+        if x.starts is not None and rest:
+            self.backend.signal(rest, signal.SIGKILL)  # a start that answers late must not leave a process
+        self.backend.release(rest)
+        if started:
+            group = Group(x.job_id, x.restart, dict(x.placement), started, started=time.time(), cleanup=True,
+                          futures=dict(zip([h.rank for h in started], self.backend.exit_futures(started),
+                                           strict=True)),
+                          usage=lch.launch_usage(x.placement, x.launches))
+            self.groups[x.job_id] = group
+            for h in started:
+                self.store.record_replica(x.job_id, x.restart, h.rank, h.node, h.pid,
+                                          x.launches[h.rank].log_path)
+            self._request_stop(group, "launch failed" if reason else "launch abandoned",
+                               0.0 if reason else self._grace(job))
+        if reason is None:
+            logger.info("job %s: launch of restart %d abandoned (job %s, allocation %s)", x.job_id,
+                        x.restart, job.state, job.allocation or "none")
+        job = self.store.get_job(x.job_id)
+        if job.terminal:
+            return
+        self.store.add_restart(x.job_id)
+        if reason is not None:
+            self._count_launch_failure(job, reason, now)
+
+    def _count_launch_failure(self, job: JobRecord, reason: str, now: float) -> None:
+        """A launch failure counts like a failed run: back to pending, or failed after max_retries."""
+        failures = self.store.add_failure(job.id)
+        reason = f"launch of restart {job.restarts} failed: {reason}"
+        if failures > self.config.max_retries:
+            self.store.transition(job.id, "failed", now=now,
+                                  reason=f"{reason} (failure {failures}, retries exhausted)")
+            logger.error("job %s: failed: %s", job.id, reason)
+        else:
+            delay = lch.backoff_s(failures, self.config.retry_backoff_s, self.config.max_backoff_s)
+            self.not_before[job.id] = time.monotonic() + delay
+            if job.state != "pending":
+                self.store.transition(job.id, "pending", reason=reason, now=now)
+            logger.warning("job %s: %s; retrying in %.0f s (failure %d of at most %d)", job.id, reason, delay,
+                           failures, self.config.max_retries)
+        self.request_round()
 
     # ------------------------------------------------------------------ stopping and exits
 
-    def _request_stop(self, group: Group, reason: str) -> None:
+    def _collect_exits(self, timeout_s: float = 0.0) -> None:
+        """Record every exit already reported, from one ``ray.wait`` over all groups' exit futures."""
+        refs = {ref: (g, rank) for g in self.groups.values() for rank, ref in g.futures.items()}
+        for ref in self.backend.ready(list(refs), timeout_s):
+            group, rank = refs[ref]
+            code = self.backend.exit_code(ref)
+            group.futures.pop(rank, None)
+            group.exits[rank] = code
+            try:
+                self.store.set_replica_exit(group.job_id, group.restart, rank, code, now=time.time())
+            except KeyError:
+                pass
+
+    def _request_stop(self, group: Group, reason: str, grace_s: float | None = None) -> None:
+        grace = self.config.stop_grace_s if grace_s is None else grace_s
         self._account(group, time.time())
         group.stop_reason = reason
-        group.stop_deadline = time.monotonic() + self.config.stop_grace_s
+        group.stop_deadline = time.monotonic() + grace
         group.stop_requested_at = time.time()
         live = [h for h in group.handles if h.rank not in group.exits]
-        self.backend.signal(live, signal.SIGTERM)
+        self.backend.signal(live, signal.SIGKILL if grace <= 0 else signal.SIGTERM)
+        group.killed = grace <= 0
+        if group.killed:
+            group.stop_deadline = time.monotonic() + 10.0
         logger.info("job %s: stopping restart %d (%s)", group.job_id, group.restart, reason)
 
     def _poll(self, group: Group, job: JobRecord, now: float) -> None:
-        live = [h for h in group.handles if h.rank not in group.exits]
-        if live:
-            for h, code in zip(live, self.backend.poll(live), strict=True):
-                if code is not None:
-                    group.exits[h.rank] = int(code)
-                    self.store.set_replica_exit(job.id, group.restart, h.rank, int(code), now=time.time())
+        """Act on the exits :meth:`_collect_exits` recorded (no Ray call unless a signal is due)."""
         running = [h for h in group.handles if h.rank not in group.exits]
         if group.stopping:
             if running and group.stop_deadline is not None and time.monotonic() > group.stop_deadline \
                     and not group.killed:
-                logger.warning("job %s: %d replica(s) did not exit within %.0f s; killing", job.id,
-                               len(running), self.config.stop_grace_s)
+                logger.warning("job %s: %d replica(s) did not exit within the grace period; killing", job.id,
+                               len(running))
                 self.backend.signal(running, signal.SIGKILL)
                 group.killed = True
                 group.stop_deadline = time.monotonic() + 10.0
@@ -309,20 +474,25 @@ class Controller:
                 self._request_stop(group, f"replica {rank} preempted itself (exit {code})")
                 return
             failures = self.store.add_failure(job.id)
-            reason = f"replica {rank} on {group.handles[rank].node} exited with code {code}"
+            node = next((h.node for h in group.handles if h.rank == rank), "?")
+            reason = f"replica {rank} on {node} exited with code {code}"
             if failures > self.config.max_retries:
-                self._request_stop(group, reason)
+                self._request_stop(group, reason, self.config.cancel_grace_s)
                 group.stop_reason = "failed: " + reason
                 self.store.transition(job.id, "failed", reason=f"{reason} (failure {failures}, "
                                       f"retries exhausted)", now=now)
                 logger.error("job %s: failed: %s", job.id, reason)
             else:
-                logger.warning("job %s: %s; restarting from the last checkpoint (failure %d of at most %d)",
-                               job.id, reason, failures, self.config.max_retries)
+                delay = lch.backoff_s(failures, self.config.retry_backoff_s, self.config.max_backoff_s)
+                self.not_before[job.id] = time.monotonic() + delay
+                logger.warning("job %s: %s; restarting from the last checkpoint in %.0f s (failure %d of at "
+                               "most %d)", job.id, reason, delay, failures, self.config.max_retries)
                 self._request_stop(group, "failure: " + reason)
 
     def _finish_stop(self, group: Group, job: JobRecord, now: float) -> None:
         self._end(group)
+        if group.cleanup:
+            return
         job = self.store.get_job(job.id)
         if job.terminal:
             return
@@ -341,7 +511,7 @@ class Controller:
         """After a (re)start: adopt the live replicas of active jobs, stop orphans. Returns counts."""
         self.refresh_nodes()
         names = set(self.backend.actor_names())
-        adopted = orphans = 0
+        adopted = 0
         keep: set[str] = set()
         for job in self.store.list_jobs(ACTIVE_STATES):
             reps = [r for r in self.store.replicas(job.id, job.restarts)]
@@ -353,11 +523,20 @@ class Controller:
                     h.pid = r.pid
                 # The previous life of the service accounted this run's GPU time up to some point
                 # before it died; count from now rather than twice.
-                group = Group(job.id, job.restarts, _placement_of([r.node for r in reps]), live,
-                              started=min(r.start_time for r in reps), accounted=time.time())
+                per = lch.gpus_per_replica(job.spec)
+                nodes = [r.node for r in reps]
+                placement = {n: int(g) for n, g in job.allocation.items() if int(g) > 0}
+                if lch.rank_nodes(placement, per) != nodes:
+                    placement = {n: k * per for n, k in lch.replicas_of(nodes).items()}
+                group = Group(job.id, job.restarts, placement, live,
+                              started=min(r.start_time for r in reps), accounted=time.time(),
+                              usage=lch.usage_of(placement, [(n, job.spec.resources) for n in nodes]))
                 for r in reps:
                     if r.exit_code is not None:
                         group.exits[r.rank] = int(r.exit_code)
+                running = [h for h in live if h.rank not in group.exits]
+                group.futures = dict(zip([h.rank for h in running], self.backend.exit_futures(running),
+                                         strict=True))
                 self.groups[job.id] = group
                 keep |= {f"{job.id}/{job.restarts}/{r.rank}" for r in reps}
                 adopted += 1
@@ -366,6 +545,7 @@ class Controller:
                 logger.info("job %s: adopted restart %d (%d replica(s))", job.id, job.restarts, len(live))
             else:
                 # Part of the run is gone: stop the rest; the job restarts from its checkpoint.
+                self.backend.signal(live, signal.SIGKILL, timeout_s=5.0)   # their trees, then the actors
                 self.backend.release(live)
                 for r in reps:
                     if r.exit_code is None:
@@ -373,32 +553,44 @@ class Controller:
                 self.store.add_restart(job.id)
                 logger.warning("job %s: restart %d lost %d of %d replica(s) while the service was down",
                                job.id, job.restarts, len(reps) - len(live), len(reps))
-        for name in sorted(names - keep):
-            parsed = parse_actor_name(name)
+        orphans = sorted(names - keep)
+        for name in orphans:
             logger.warning("stopping orphaned replica actor %s", name)
-            self.backend.kill_by_name(name)
+        self.backend.kill_by_names(orphans)
+        active = {j.id: j.restarts for j in self.store.list_jobs(ACTIVE_STATES)}
+        for job_id in {p[0] for p in map(parse_actor_name, orphans) if p and active.get(p[0]) == p[1]}:
+            self.store.add_restart(job_id)   # a launch cut short: the next one gets fresh actor names
+        for name in orphans:
+            parsed = parse_actor_name(name)
             if parsed is not None:
                 try:
                     self.store.set_replica_exit(parsed[0], parsed[1], parsed[2], -int(signal.SIGTERM))
                 except KeyError:
                     pass
-            orphans += 1
         self.request_round()
-        return {"adopted": adopted, "orphans": orphans}
+        return {"adopted": adopted, "orphans": len(orphans)}
 
     def shutdown(self, grace_s: float | None = None) -> None:
         """Preempt every running job (SIGTERM, checkpoint, exit) and leave it pending for the next start."""
         grace = self.config.stop_grace_s if grace_s is None else grace_s
         with self.lock:
+            for x in list(self.launching.values()):
+                ready = self.backend.ready(x.starts, 5.0) if x.starts is not None else set()
+                if x.starts is not None and ready == set(x.starts):
+                    self._advance(x, self.store.get_job(x.job_id), ready, time.monotonic(), time.time())
+                else:   # its processes, if any, have not reported: kill them with their actors
+                    self.launching.pop(x.job_id)
+                    self.backend.signal(x.handles, signal.SIGKILL, timeout_s=2.0)
+                    self.backend.release(x.handles)
             for g in list(self.groups.values()):
                 if not g.stopping:
                     self._request_stop(g, "service stopped")
                 g.stop_deadline = min(g.stop_deadline or 0.0, time.monotonic() + grace)
             deadline = time.monotonic() + grace + 15.0
             while self.groups and time.monotonic() < deadline:
+                self._collect_exits(0.2)
                 for g in list(self.groups.values()):
                     self._poll(g, self.store.get_job(g.job_id), time.time())
-                time.sleep(0.2)
             for jid in list(self.groups):
                 self._end(self.groups[jid])
             for job in self.store.list_jobs(ACTIVE_STATES):
@@ -413,4 +605,3 @@ class Controller:
             except Exception:
                 logger.exception("control loop tick failed")
             stop.wait(max(self.config.tick_s - (time.monotonic() - started), 0.0))
-

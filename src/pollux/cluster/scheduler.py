@@ -6,23 +6,36 @@ policy (``pollux`` by default; ``tiresias`` and ``fifo`` also selectable), persi
 state and reports only the allocations that changed. Applying them is the backend's job; for a
 backend-less dry run :func:`apply_to_store` records them and the matching state transitions.
 
+One job's numbers never stop scheduling for everyone: :func:`job_view` clamps replica counts to
+what the cluster could ever give (so no policy sees ``min_replicas: 1e20``), and when the policy
+raises, the round is retried without the jobs that make it raise on their own: such a job is first
+tried without its hints (it is then scheduled as a job without a model yet), and left out of the
+round only if it still makes the policy raise. Either way the error is logged once per job and
+hints, and reported in :attr:`RoundResult.excluded`; a job left out holds no GPUs this round.
+
 No clock is read to make a decision: ``now`` is passed in. ``duration_s`` is measured with
 ``time.perf_counter`` for reporting only.
 """
 
 from __future__ import annotations
 
+import copy
+import json
+import logging
+import math
 import time
-from collections.abc import Mapping
-from dataclasses import dataclass, field
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
 
 from pollux.cluster.store import JobRecord, JobStore
 from pollux.hints import hints_to_model
-from pollux.policy.base import Allocation, Cluster, JobView, Policy, check_allocation
+from pollux.policy.base import Allocation, Cluster, JobView, Policy, PolicyState, check_allocation
 from pollux.policy.registry import make_policy
+
+logger = logging.getLogger("pollux.cluster")
 
 __all__ = ["SCHEDULED_STATES", "RoundResult", "Scheduler", "apply_to_store", "job_view", "schedule_once"]
 
@@ -30,6 +43,19 @@ __all__ = ["SCHEDULED_STATES", "RoundResult", "Scheduler", "apply_to_store", "jo
 SCHEDULED_STATES = ("pending", "starting", "running", "rescaling")
 #: Upper bound on a job's replicas when its spec leaves ``max_replicas`` open.
 DEFAULT_MAX_REPLICAS = 64
+#: Bound on any replica count a policy sees when the cluster's size is not known.
+REPLICA_BOUND = 2**16
+
+
+def _gpus_per_replica(job: JobRecord) -> int:
+    g = job.spec.resources.get("GPU", 1.0)
+    try:
+        g = float(g)
+    except (TypeError, ValueError):
+        return 1
+    if not math.isfinite(g) or g <= 1:
+        return 1
+    return int(min(math.ceil(g - 1e-9), REPLICA_BOUND))
 
 
 def job_view(job: JobRecord, hints: Mapping[str, Any] | None, now: float,
@@ -39,12 +65,19 @@ def job_view(job: JobRecord, hints: Mapping[str, Any] | None, now: float,
     ``hints`` None (the job has reported none) leaves ``model``/``limits`` None, which the policies
     read as "no model yet": linear scaling. ``max_replicas`` None in the spec becomes 64, or the
     cluster's ``total_gpus`` when that is smaller. ``fixed`` is (max(min_replicas, 1), initial batch)
-    for the rigid baselines.
+    for the rigid baselines. Replica counts are clamped to ``total_gpus + 1`` (a job whose minimum
+    exceeds the cluster still never fits), and a job whose replicas hold G > 1 GPU slots each asks
+    for at least G. Raises what :func:`hints_to_model` raises for hints that do not validate.
     """
     spec = job.spec
-    cap = DEFAULT_MAX_REPLICAS if total_gpus is None else min(DEFAULT_MAX_REPLICAS, max(int(total_gpus), 1))
-    max_replicas = cap if spec.max_replicas is None else int(spec.max_replicas)
-    max_replicas = max(max_replicas, int(spec.min_replicas), 1)
+    total = None if total_gpus is None else max(int(total_gpus), 0)
+    bound = REPLICA_BOUND if total is None else total + 1   # above the cluster: "can never fit" stays so
+    cap = DEFAULT_MAX_REPLICAS if total is None else min(DEFAULT_MAX_REPLICAS, max(total, 1))
+    # A replica holding G GPU slots needs at least G slots allocated (the launcher forms slots // G).
+    per = _gpus_per_replica(job)
+    min_replicas = min(max(int(spec.min_replicas), per if per > 1 else 0), bound)
+    max_replicas = cap if spec.max_replicas is None else min(int(spec.max_replicas), bound)
+    max_replicas = max(max_replicas, min_replicas, 1)
     model = limits = None
     seen = 0
     if hints is not None:
@@ -56,13 +89,13 @@ def job_view(job: JobRecord, hints: Mapping[str, Any] | None, now: float,
         restarts=int(job.restarts),
         attained_service=float(job.attained_service),
         allocation=dict(job.allocation),
-        min_replicas=int(spec.min_replicas),
+        min_replicas=min_replicas,
         max_replicas=max_replicas,
         preemptible=bool(spec.preemptible),
         model=model,
         limits=limits,
         max_replicas_seen=int(seen),
-        fixed=(max(int(spec.min_replicas), 1), int(spec.init_batch_size)),
+        fixed=(max(min_replicas, 1), min(int(spec.init_batch_size), 2**62)),
     )
 
 
@@ -72,7 +105,8 @@ class RoundResult:
 
     ``allocation`` is the new full allocation (jobs without GPUs omitted). ``changed`` holds only
     the jobs whose allocation differs from the stored one; a job losing all GPUs maps to ``{}``.
-    ``previous`` is the stored allocation the round started from.
+    ``previous`` is the stored allocation the round started from. ``excluded`` maps each job left
+    out of the round (it gets no GPUs) to the error that made it so.
     """
 
     now: float
@@ -82,34 +116,132 @@ class RoundResult:
     previous: Allocation = field(default_factory=dict)
     duration_s: float = 0.0
     num_jobs: int = 0
+    excluded: dict[str, str] = field(default_factory=dict)
 
 
 def _clean(row: Mapping[str, int]) -> dict[str, int]:
     return dict(sorted((str(n), int(g)) for n, g in row.items() if int(g) > 0))
 
 
+def _why(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {str(exc)[:300]}"
+
+
+def _fingerprint(hints: Mapping[str, Any] | None, cluster: Cluster) -> str:
+    return json.dumps([hints, list(cluster.nodes), list(cluster.gpus)], sort_keys=True, default=repr)
+
+
+def _decide(policy: Policy, views: Sequence[JobView], cluster: Cluster, previous: Allocation,
+            state: PolicyState | None, now: float, rng: np.random.Generator) -> tuple[Allocation, Any]:
+    prev = {v.id: dict(previous[v.id]) for v in views if v.id in previous}
+    return policy.decide(list(views), cluster, prev, state, float(now), rng)
+
+
+class _Isolation:
+    """Which jobs a round schedules without their hints or leaves out, and why (see the module doc).
+
+    Remembered per job with a fingerprint of its hints and the cluster, so a job that keeps sending
+    the same bad hints costs one isolation, and its error is logged once.
+    """
+
+    def __init__(self) -> None:
+        self.notes: dict[str, tuple[str, str, str]] = {}   # job → (fingerprint, "bare" | "out", why)
+
+    def note(self, job_id: str, fingerprint: str, action: str, why: str) -> None:
+        if self.notes.get(job_id, ("", "", ""))[:2] != (fingerprint, action):
+            what = "scheduled without its hints" if action == "bare" else "left out of scheduling"
+            logger.error("job %s: %s: %s", job_id, what, why)
+        self.notes[job_id] = (fingerprint, action, why)
+
+    def views(self, jobs: Sequence[JobRecord], store: JobStore, cluster: Cluster, now: float,
+              excluded: dict[str, str]) -> tuple[list[JobView], dict[str, str]]:
+        views, prints = [], {}
+        for j in jobs:
+            hints = store.get_hints(j.id)
+            fp = prints[j.id] = _fingerprint(hints, cluster)
+            known = self.notes.get(j.id)
+            if known is not None and known[0] == fp:
+                if known[1] == "out":
+                    excluded[j.id] = known[2]
+                    continue
+                hints = None
+            try:
+                views.append(job_view(j, hints, now, cluster.total_gpus))
+                continue
+            except Exception as exc:
+                why = _why(exc)
+            try:
+                views.append(job_view(j, None, now, cluster.total_gpus))
+                self.note(j.id, fp, "bare", why)
+            except Exception as exc:
+                self.note(j.id, fp, "out", _why(exc))
+                excluded[j.id] = _why(exc)
+        self.notes = {k: v for k, v in self.notes.items() if k in prints}
+        return views, prints
+
+    def isolate(self, policy: Policy, views: Sequence[JobView], cluster: Cluster, previous: Allocation,
+                state: PolicyState | None, now: float, prints: Mapping[str, str],
+                excluded: dict[str, str]) -> list[JobView]:
+        """The views with each job that makes the policy raise on its own replaced (without hints)
+        or left out."""
+        keep = []
+        for v in views:
+            try:
+                _decide(policy, [v], cluster, previous, copy.deepcopy(state), now, np.random.default_rng(0))
+                keep.append(v)
+                continue
+            except Exception as exc:
+                why = _why(exc)
+            if v.model is not None or v.limits is not None:
+                bare = replace(v, model=None, limits=None, max_replicas_seen=0)
+                try:
+                    _decide(policy, [bare], cluster, previous, copy.deepcopy(state), now,
+                            np.random.default_rng(0))
+                    keep.append(bare)
+                    self.note(v.id, prints[v.id], "bare", why)
+                    continue
+                except Exception:
+                    pass
+            self.note(v.id, prints[v.id], "out", why)
+            excluded[v.id] = why
+        return keep
+
+
 def schedule_once(store: JobStore, cluster: Cluster, policy: Policy, now: float,
-                  rng: np.random.Generator) -> RoundResult:
-    """Run one scheduling round; persists the policy state but writes no allocations."""
+                  rng: np.random.Generator, isolation: _Isolation | None = None) -> RoundResult:
+    """Run one scheduling round; persists the policy state but writes no allocations.
+
+    A job whose view cannot be built or that makes the policy raise on its own is scheduled without
+    its hints or left out (``RoundResult.excluded``); ``isolation`` remembers such jobs between rounds.
+    """
     start = time.perf_counter()
+    isolation = _Isolation() if isolation is None else isolation
     jobs = store.list_jobs(SCHEDULED_STATES)
-    views = [job_view(j, store.get_hints(j.id), now, cluster.total_gpus) for j in jobs]
+    excluded: dict[str, str] = {}
+    views, prints = isolation.views(jobs, store, cluster, now, excluded)
     previous: Allocation = {j.id: _clean(j.allocation) for j in jobs if _clean(j.allocation)}
     state = store.load_policy_state(policy.name)
-    new_alloc, new_state = policy.decide(views, cluster, {k: dict(v) for k, v in previous.items()},
-                                         state, float(now), rng)
+    try:
+        new_alloc, new_state = _decide(policy, views, cluster, previous, state, now, rng)
+    except Exception:
+        if not views:
+            raise
+        views = isolation.isolate(policy, views, cluster, previous, state, now, prints, excluded)
+        new_alloc, new_state = _decide(policy, views, cluster, previous, state, now, rng)
     ids = {j.id for j in jobs}
+    allowed = {v.id for v in views}
     allocation: Allocation = {}
     for jid, row in new_alloc.items():
         row = _clean(row)
-        if jid in ids and row:
+        if jid in allowed and row:
             allocation[jid] = row
     check_allocation(allocation, cluster)
     changed = {jid: allocation.get(jid, {}) for jid in sorted(ids)
                if allocation.get(jid, {}) != previous.get(jid, {})}
     store.save_policy_state(policy.name, new_state, now=now)
     return RoundResult(now=float(now), policy=policy.name, allocation=allocation, changed=changed,
-                       previous=previous, duration_s=time.perf_counter() - start, num_jobs=len(jobs))
+                       previous=previous, duration_s=time.perf_counter() - start, num_jobs=len(jobs),
+                       excluded=excluded)
 
 
 def apply_to_store(store: JobStore, result: RoundResult, now: float) -> None:
@@ -156,12 +288,13 @@ class Scheduler:
         self.seed = int(seed)
         self.rng = np.random.default_rng(self.seed)
         self.last_result: RoundResult | None = None
+        self._isolation = _Isolation()
 
     @property
     def policy_name(self) -> str:
         return self.policy.name
 
     def run_round(self, now: float) -> RoundResult:
-        result = schedule_once(self.store, self.cluster, self.policy, now, self.rng)
+        result = schedule_once(self.store, self.cluster, self.policy, now, self.rng, self._isolation)
         self.last_result = result
         return result
