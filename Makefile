@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: install demo demo-sim test lint bench bench-cluster bench-decisions clean
+.PHONY: install demo demo-sim test lint bench bench-cluster bench-service bench-decisions clean
 
 install: $(STAMP)
 
@@ -33,6 +33,10 @@ bench: $(STAMP)
 
 bench-cluster: $(STAMP)
 	$(PY) benchmarks/cluster.py --json
+
+# The live service under load: 200 jobs submitted and cancelled in a burst (issue 10).
+bench-service: $(STAMP)
+	$(PY) benchmarks/service_load.py --json
 
 bench-decisions: $(STAMP)
 	$(PY) benchmarks/agent_decisions.py --json

@@ -1,0 +1,94 @@
+"""The service load benchmark (``benchmarks/service_load.py``) at a tiny size, so that it keeps working.
+
+Six jobs on a real server (embedded Ray host, 4 virtual nodes x 2 GPU slots, the service process),
+submitted, described and cancelled from three threads: every job must end cancelled, none lost or
+duplicated, every replica process (and its child) gone after its cancel, and nothing left alive once
+the server has stopped. About 30 s on 2 cores. The benchmark runs as a subprocess; if it overruns, it
+gets SIGTERM, on which it stops its server before exiting.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("ray")
+
+ROOT = Path(__file__).resolve().parents[1]
+BENCH = ROOT / "benchmarks" / "service_load.py"
+
+
+def run_bench(*args: str, timeout_s: float) -> tuple[int, str, str]:
+    proc = subprocess.Popen([sys.executable, str(BENCH), *args], cwd=ROOT, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        out, err = proc.communicate(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        proc.send_signal(signal.SIGTERM)          # its clean-up stops the server
+        try:
+            out, err = proc.communicate(timeout=150)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            out, err = proc.communicate()
+        pytest.fail(f"the benchmark overran {timeout_s:.0f} s; its stderr:\n{err[-4000:]}")
+    return proc.returncode, out, err
+
+
+def test_service_load_benchmark_at_six_jobs():
+    code, out, err = run_bench("--json", "--jobs", "6", "--threads", "3", "--quiet", "2", "--timeout", "90",
+                               timeout_s=300)
+    assert code == 0, err[-4000:]
+    report = json.loads(out)
+    assert report["jobs"] == 6 and report["cores"] and "commit" in report
+    for call in ("submit", "ls", "describe", "cancel"):
+        assert report["latency_ms"][call]["n"] >= 1, call
+        assert report["latency_ms"][call]["p99"] >= report["latency_ms"][call]["p50"] > 0, call
+    assert report["errors"] == {"submit": 0, "ls": 0, "describe": 0, "cancel": 0}, err[-4000:]
+    assert report["running_before_cancel"] == 6, err[-4000:]
+    gone = report["cancel_to_gone_s"]
+    assert gone["jobs"] >= 6 and gone["running_at_cancel"] == 6, gone
+    assert gone["not_gone"] == 0 and gone["max"] < 30.0, gone
+    assert report["lost"] == 0, report["lost_detail"]
+    assert report["duplicated"] == 0, report["duplicated_detail"]
+    assert report["replica_runs"]["unrecorded"] == 0, report["replica_runs"]
+    assert report["left_alive_after_stop"] == 0
+    assert "replica process(es) alive" in err and "stopping the service" in err
+
+
+def load_bench_module():
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("service_load_bench", BENCH)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module           # dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_duplicate_runs_are_found_in_proc_records_and_in_the_store(tmp_path):
+    """The checker itself: sequential runs pass; a rank run twice or two overlapping runs do not."""
+    bench = load_bench_module()
+    watcher = bench.Watcher(tmp_path)
+
+    def proc(job, restart, rank, pid, start, end):
+        watcher.procs[pid] = bench.Proc(job, restart, rank, pid, "main", start, "file", end=end)
+
+    proc("ok", 0, 0, 101, 0.0, 10.0)
+    proc("ok", 1, 0, 102, 10.05, 20.0)       # starts within one poll of its predecessor's end: fine
+    proc("ok", 1, 1, 103, 10.1, 20.0)
+    proc("twice", 0, 0, 201, 0.0, 5.0)
+    proc("twice", 0, 0, 202, 6.0, 9.0)       # a second process for one (restart, rank)
+    proc("overlap", 0, 0, 301, 0.0, 10.0)
+    proc("overlap", 1, 0, 302, 5.0, None)    # a new run while the old one still lives
+    store = {"ok": [{"restart": 0, "rank": 0, "pid": 101, "start_time": 0.0, "end_time": 10.0},
+                    {"restart": 1, "rank": 0, "pid": 102, "start_time": 10.5, "end_time": 20.0},
+                    {"restart": 2, "rank": 0, "pid": None, "start_time": 1.0, "end_time": None}],
+             "stored": [{"restart": 0, "rank": 0, "pid": 401, "start_time": 0.0, "end_time": None},
+                        {"restart": 1, "rank": 0, "pid": 402, "start_time": 3.0, "end_time": 4.0}]}
+    found = bench.duplicated_runs(watcher, store)
+    assert found == {"same_rank_twice": ["twice"], "overlapping_runs_proc": ["overlap"],
+                     "overlapping_runs_store": ["stored"]}
