@@ -8,6 +8,9 @@ scalability.csv (step_time is the optimiser-step time with s = 0; step_time − 
 accumulation-step time) and reports the in-sample mean relative error of the predicted optimiser-step
 time over rows, the median time of several fresh fits, and the row count. Then times building one
 job's full speedup table (nodes ≤ 16, replicas ≤ 64), each repetition for a new random job model.
+
+``benchmarks/goodput_busy.py`` runs this benchmark while busy loops occupy every core (started and
+stopped by PID): the fits must stay fast then (BLAS runs with one thread, pollux.goodput.threads).
 """
 
 from __future__ import annotations

@@ -68,6 +68,9 @@ from typing import Annotated, Any, Literal
 from fastapi import Depends, FastAPI, HTTPException, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
@@ -190,16 +193,36 @@ def _field_error(exc: SpecError) -> RequestError:
     return RequestError(422, field, detail)
 
 
-class _Metrics:
-    """In-memory counters of this service process."""
+class _Metrics(Collector):
+    """The service's Prometheus metrics, a collector of its own registry (one per application), read at
+    scrape time: ``pollux_jobs{state}`` and ``pollux_allocated_gpus`` from the store's counts (never
+    the jobs themselves), and ``pollux_hints_received_total``, the valid hints this process accepted."""
 
-    def __init__(self) -> None:
+    def __init__(self, store: JobStore) -> None:
+        self._store = store
         self._lock = threading.Lock()
         self.hints_received = 0
+        self.registry = CollectorRegistry()
+        self.registry.register(self)
 
     def add_hints(self) -> None:
         with self._lock:
             self.hints_received += 1
+
+    def collect(self) -> Iterator[Metric]:
+        jobs = GaugeMetricFamily("pollux_jobs", "Number of jobs in each state.", labels=["state"])
+        for state, n in self._store.count_by_state().items():
+            jobs.add_metric([state], n)
+        yield jobs
+        gpus = sum(sum(a.values()) for a in self._store.current_allocations().values())
+        yield GaugeMetricFamily("pollux_allocated_gpus", "GPUs currently allocated to jobs.", value=gpus)
+        with self._lock:
+            hints = self.hints_received
+        yield CounterMetricFamily("pollux_hints_received",
+                                  "Valid hints accepted by this service process.", value=hints)
+
+    def exposition(self) -> PlainTextResponse:
+        return PlainTextResponse(generate_latest(self.registry), media_type=CONTENT_TYPE_LATEST)
 
 
 def _log_stream(files: list[tuple[str, Path]]) -> Iterator[bytes]:
@@ -250,7 +273,7 @@ def create_app(store: JobStore, admin_token: str, *, log_dir: Path | None = None
     app = FastAPI(title="Pollux scheduler", version="1", default_response_class=SafeJSONResponse,
                   description="Submit, inspect and cancel jobs; receive hints from running jobs. "
                               "Errors are {\"detail\"}, plus \"field\" on 413 and 422.")
-    metrics = _Metrics()
+    metrics = _Metrics(store)
     app.state.store = store
     app.state.metrics = metrics
 
@@ -458,17 +481,7 @@ def create_app(store: JobStore, admin_token: str, *, log_dir: Path | None = None
              summary="Prometheus metrics (no auth: counts only)", dependencies=[only_query()],
              responses=doc.responses(200, None, 422, text=True))
     def prometheus() -> PlainTextResponse:
-        counts = store.count_by_state()
-        gpus = sum(sum(a.values()) for a in store.current_allocations().values())
-        lines = ["# HELP pollux_jobs Number of jobs in each state.", "# TYPE pollux_jobs gauge"]
-        lines += [f'pollux_jobs{{state="{s}"}} {n}' for s, n in counts.items()]
-        lines += ["# HELP pollux_allocated_gpus GPUs currently allocated to jobs.",
-                  "# TYPE pollux_allocated_gpus gauge", f"pollux_allocated_gpus {gpus}",
-                  "# HELP pollux_hints_received_total Valid hints accepted by this service process.",
-                  "# TYPE pollux_hints_received_total counter",
-                  f"pollux_hints_received_total {metrics.hints_received}"]
-        return PlainTextResponse("\n".join(lines) + "\n",
-                                 media_type="text/plain; version=0.0.4; charset=utf-8")
+        return metrics.exposition()
 
     doc.install(app)
     return app

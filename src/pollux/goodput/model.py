@@ -17,6 +17,7 @@ from numpy.typing import ArrayLike
 
 from pollux.goodput.efficiency import efficiency as _efficiency
 from pollux.goodput.records import GradStats, ThroughputParams, check_number
+from pollux.goodput.threads import one_blas_thread
 from pollux.goodput.throughput import _overlap as overlap
 from pollux.goodput.throughput import t_grad, t_iter, t_sync
 
@@ -179,6 +180,7 @@ def bounded_step_time(params: ThroughputParams, nodes: ArrayLike, replicas: Arra
     return np.asarray(accum_steps, dtype=np.float64) * tg + overlap(tg, ts, gamma)
 
 
+@one_blas_thread
 def optimize(model: GoodputModel, nodes: ArrayLike, replicas: ArrayLike,
              limits: BatchLimits, *, force_single_accumulation: bool = True,
              grad_floor: float | None = None) -> BatchPlan:
@@ -261,6 +263,7 @@ def fair_share(num_nodes: int, gpus_per_node: int, num_jobs: int,
     return min(nodes, replicas), replicas
 
 
+@one_blas_thread
 def speedup_table(
     model: GoodputModel,
     limits: BatchLimits,

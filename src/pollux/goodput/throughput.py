@@ -45,6 +45,7 @@ from numpy.typing import ArrayLike
 from scipy.optimize import minimize
 
 from pollux.goodput.records import ThroughputParams
+from pollux.goodput.threads import one_blas_thread
 
 #: Lower bound of every α and β; "pinning" a parameter fixes it here.
 PARAM_FLOOR = 1e-8
@@ -357,6 +358,7 @@ def _minimise(objective: _Objective, x0: np.ndarray, bounds: list, ftol: float):
                         options={"maxiter": 500, "ftol": ftol})
 
 
+@one_blas_thread
 def fit_throughput(
     nodes: ArrayLike,
     replicas: ArrayLike,

@@ -44,6 +44,7 @@ from typing import Any
 import numpy as np
 
 from pollux.goodput import BatchLimits, exploration_cap, fair_share, speedup_table
+from pollux.goodput.threads import one_blas_thread
 from pollux.policy.base import Allocation, Cluster, JobView, PolicyState, from_matrix
 
 #: Added to every speedup before the power mean (SPEC §5, ref), so a job without GPUs weighs heavily.
@@ -1199,6 +1200,7 @@ class PolluxPolicy:
             table_cache=self._tables, cache_size=self.table_cache_size,
         )
 
+    @one_blas_thread
     def decide(
         self,
         jobs: Sequence[JobView],
