@@ -296,36 +296,73 @@ def test_cancel_stops_replicas_and_graceful_stop_preempts_to_pending(service):
 
 
 def test_lost_node_leaves_the_next_round_and_its_job_carries_on(ray_cluster, tmp_path):
-    """A node leaving the Ray cluster: its replica dies, the job restarts on what is left."""
+    """A node leaving the Ray cluster: its replica dies, its GPUs leave the next round, and the job
+    restarts from its checkpoint on what is left and goes on training."""
     before = ray_pids()
     host, address = server.spawn_rayhost(tmp_path, 2, 1, timeout_s=120)
     svc = None
     try:
         svc = Service(tmp_path / "state", address)
-        jid = svc.submit(400, "survivor", min_replicas=2, max_replicas=2)
-        svc.wait([jid], lambda j: j["state"] == "running" and len(j["allocation"]) == 2, 120,
-                 "the job on both nodes")
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline and not svc.epochs_logged(jid):
+        body = {"name": "survivor", "spec": {"entrypoint": str(DIGITS), "args": ["--epochs", "5000"],
+                                             "working_dir": str(ROOT), "init_batch_size": 16,
+                                             "max_batch_size": 256, "local_bsz_bounds": [8, 128],
+                                             "min_replicas": 1, "max_replicas": 2}}
+        r = svc.client.post("/v1/jobs", json=body)
+        assert r.status_code == 201, r.text
+        jid, token = r.json()["id"], r.json()["token"]
+        # Hints under which two replicas pay (the job may also run on one GPU: min_replicas is 1).
+        hints = {"version": 1, "throughput": {"alpha_grad": 0.1, "beta_grad": 0.01, "alpha_local": 0.1,
+                                              "beta_local": 0.001, "alpha_node": 0.1, "beta_node": 0.001,
+                                              "gamma": 1.5},
+                 "grad": {"sqr": 1.0, "var": 2.0}, "init_batch_size": 16, "max_batch_size": 256,
+                 "local_bsz_bounds": [8, 128], "accumulation": False, "max_replicas_seen": 1,
+                 "progress": 1.0, "epoch": 0}
+        r = svc.client.put(f"/v1/jobs/{jid}/hints", json=hints, headers={"Authorization": f"Bearer {token}"})
+        assert r.status_code == 200, r.text
+        svc.wait([jid], lambda j: j["state"] == "running" and j["allocation"] == {"node-0": 1, "node-1": 1},
+                 120, "the job on both nodes")
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline and len(svc.epochs_logged(jid)) < 2:
             time.sleep(0.2)
-        # The spec's min_replicas no longer fits on one node; let the policy shrink the job.
-        os.kill(host.pid, signal.SIGUSR1)
+        assert len(svc.epochs_logged(jid)) >= 2, svc.tail()      # a checkpoint to restart from
+        os.kill(host.pid, signal.SIGUSR1)                          # node-1 leaves the cluster
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline and svc.client.get("/v1/cluster").json()["total_gpus"] != 1:
             time.sleep(0.5)
-        assert svc.client.get("/v1/cluster").json()["total_gpus"] == 1
+        cluster = svc.client.get("/v1/cluster").json()
+        assert cluster["total_gpus"] == 1 and [n["name"] for n in cluster["nodes"]] == ["node-0"], cluster
         svc.wait([jid], lambda j: j["failures"] >= 1, 60, "the lost replica to be noticed")
-        lost = [r for r in svc.job(jid)["replicas"] if r["restart"] == 0 and r["node"] == "node-1"]
-        assert len(lost) == 1 and lost[0]["exit_code"] not in (None, 0), lost
-        # With min_replicas 2 and one GPU left, the job waits pending rather than failing.
-        svc.wait([jid], lambda j: j["state"] == "pending" and not j["allocation"], 60, "the job to wait")
+        lost = [r for r in svc.job(jid)["replicas"] if r["node"] == "node-1"]
+        assert lost and all(r["exit_code"] not in (None, 0) for r in lost), lost
+        # The next round gives the job the GPU that is left; it restarts there from its checkpoint.
+        first = max(r["restart"] for r in lost)
+
+        def restarted(j):
+            now = [r for r in j["replicas"] if r["restart"] == j["restarts"]]
+            return (j["state"] == "running" and j["restarts"] > first and j["allocation"] == {"node-0": 1}
+                    and len(now) == 1 and now[0]["node"] == "node-0" and now[0]["exit_code"] is None)
+        svc.wait([jid], restarted, 120, "the job to restart on the node that is left")
+        job = svc.job(jid)
+        params = {"restart": job["restarts"], "rank": 0}
+        deadline = time.monotonic() + 90
+        log = ""
+        while time.monotonic() < deadline:
+            log = svc.client.get(f"/v1/jobs/{jid}/logs", params=params).text
+            m = re.search(r"resumed at epoch (\d+)", log)
+            if m and [e for e in map(int, EPOCH_LINE.findall(log)) if e >= int(m.group(1))]:
+                break
+            time.sleep(0.5)
+        m = re.search(r"resumed at epoch (\d+)", log)
+        assert m and int(m.group(1)) >= 1, log[-2000:]                     # from its checkpoint
+        assert [e for e in map(int, EPOCH_LINE.findall(log)) if e >= int(m.group(1))], log[-2000:]
+        assert svc.job(jid)["state"] == "running"                          # and it carries on
     finally:
         if svc is not None:
             svc.stop()
-            pids = svc.recorded_pids()
-            assert not [p for p in pids if server.pid_alive(p)]
         server.stop_pid(host.pid, 60)
+    pids = svc.recorded_pids()
     deadline = time.monotonic() + 20
-    while time.monotonic() < deadline and ray_pids() - before:
+    while time.monotonic() < deadline and (ray_pids() - before or any(server.pid_alive(p) for p in pids)):
         time.sleep(0.2)
+    assert not [p for p in pids if server.pid_alive(p)], "replica processes left running"
     assert not (ray_pids() - before)

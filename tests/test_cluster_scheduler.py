@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import pytest
 
@@ -165,10 +167,41 @@ def test_same_seed_same_store_same_allocation(tmp_path):
     assert results[0] == results[1]
 
 
+class _RecordingPolicy:
+    """A policy that records what it is asked and answers a fixed allocation and a counter state."""
+
+    name = "recording"
+
+    def __init__(self):
+        self.calls = []
+
+    def decide(self, jobs, cluster, allocation, state, now, rng):
+        self.calls.append(([j.id for j in jobs], allocation, state, now, rng))
+        return {"j000": {"node-2": 2, "node-3": 0}, "j001": {}}, {"round": len(self.calls)}
+
+
 def test_schedule_once_with_explicit_policy(store):
+    """The round runs the policy it is given (not the default), with the stored jobs, allocation and
+    state, the given time and generator; keeps its state under its name; times itself; and writes
+    no allocation."""
     submit(store, 2)
-    res = schedule_once(store, CLUSTER, make_policy("pollux"), 50.0, np.random.default_rng(0))
-    assert res.policy == "pollux" and res.duration_s >= 0.0
+    policy, rng = _RecordingPolicy(), np.random.default_rng(0)
+    start = time.perf_counter()
+    res = schedule_once(store, CLUSTER, policy, 50.0, rng)
+    wall = time.perf_counter() - start
+    assert policy.calls == [(["j000", "j001"], {}, None, 50.0, rng)]
+    assert res.policy == "recording" and res.now == 50.0 and res.num_jobs == 2 and res.excluded == {}
+    assert res.allocation == {"j000": {"node-2": 2}} and res.changed == res.allocation
+    assert res.previous == {}
+    assert 0.0 < res.duration_s <= wall
+    assert store.load_policy_state("recording") == {"round": 1}
+    assert store.load_policy_state("pollux") is None
+    assert store.current_allocations() == {}
+    assert [j.state for j in store.list_jobs()] == ["pending", "pending"]
+    # The next round gets the state the policy left.
+    schedule_once(store, CLUSTER, policy, 110.0, rng)
+    assert policy.calls[1][2:4] == ({"round": 1}, 110.0)
+    assert store.load_policy_state("recording") == {"round": 2}
 
 
 def test_round_with_100_jobs_completes(store):

@@ -455,6 +455,24 @@ class _HintsHandler(http.server.BaseHTTPRequestHandler):
         pass
 
 
+def test_the_agent_reporter_is_built_from_the_pollux_variables(agent) -> None:
+    """The replica's hint reporter comes from POLLUX_SCHEDULER_URL, POLLUX_JOB_ID, POLLUX_JOB_TOKEN."""
+    agent.setenv("POLLUX_SCHEDULER_URL", "http://127.0.0.1:8080")
+    agent.setenv("POLLUX_JOB_ID", "a/b")
+    agent.setenv("POLLUX_JOB_TOKEN", "tok")
+    reporter = get_context().reporter
+    assert reporter.enabled and reporter.token == "tok"
+    assert reporter.endpoint == "http://127.0.0.1:8080/v1/jobs/a%2Fb/hints"
+    reset_context()
+    agent.delenv("POLLUX_SCHEDULER_URL")
+    assert not get_context().reporter.enabled          # no scheduler: reporting is off
+    reset_context()
+    agent.setenv("POLLUX_SCHEDULER_URL", "http://h:1")
+    agent.delenv("POLLUX_JOB_TOKEN")
+    reporter = get_context().reporter
+    assert reporter.enabled and reporter.token is None
+
+
 def test_periodic_refit_chooses_batches_and_reports_hints(agent, caplog) -> None:
     server = http.server.HTTPServer(("127.0.0.1", 0), _HintsHandler)
     _HintsHandler.received = []

@@ -351,7 +351,7 @@ def test_close_flushes_waiting_hints():
         assert not reporter._thread.is_alive()
 
 
-def test_disabled_reporter_and_from_env(monkeypatch, caplog):
+def test_disabled_reporter(caplog):
     for url, job in ((None, JOB), ("http://127.0.0.1:1", None), ("", ""), ("  ", JOB)):
         reporter = HintReporter(url, job, TOKEN)
         assert not reporter.enabled and reporter.endpoint is None
@@ -360,13 +360,3 @@ def test_disabled_reporter_and_from_env(monkeypatch, caplog):
     with caplog.at_level(logging.WARNING, logger="pollux.torch"):
         reporter = HintReporter("file:///etc/passwd", JOB, TOKEN)
     assert not reporter.enabled and "not an http(s) URL" in caplog.text
-
-    monkeypatch.setenv("POLLUX_SCHEDULER_URL", "http://127.0.0.1:8080")
-    monkeypatch.setenv("POLLUX_JOB_ID", "a/b")
-    monkeypatch.setenv("POLLUX_JOB_TOKEN", TOKEN)
-    reporter = HintReporter.from_env()
-    assert reporter.enabled and reporter.token == TOKEN
-    assert reporter.endpoint == "http://127.0.0.1:8080/v1/jobs/a%2Fb/hints"
-    monkeypatch.delenv("POLLUX_SCHEDULER_URL")
-    assert not HintReporter.from_env().enabled
-    assert HintReporter.from_env({"POLLUX_SCHEDULER_URL": "http://h:1", "POLLUX_JOB_ID": "j"}).enabled

@@ -55,11 +55,6 @@ def _profile_key(profile: AppProfile) -> tuple[Hashable, ...]:
     return (name, meta_key, ends)
 
 
-def clear_isolated_cache() -> None:
-    """Forget cached :func:`isolated_jct` values (only needed when a profile changes in place)."""
-    _ISO_CACHE.clear()
-
-
 def packed_placement(gpus: int, gpus_per_node: int = GPUS_PER_NODE) -> list[int]:
     """GPUs per node for ``gpus`` GPUs on as few nodes as possible: ``[4, 4, ..., rem]``."""
     if gpus < 1:

@@ -189,10 +189,6 @@ class StateRegistry:
     def names(self) -> list[str]:
         return list(self._objects)
 
-    def has_saved(self, name: str) -> bool:
-        """Whether the checkpoint this run started from holds ``name``."""
-        return name in self._available
-
     def register(self, name: str, obj: Stateful, *, restore: bool = True) -> bool:
         """Register ``obj`` under ``name``; return True if it was restored from the checkpoint."""
         if not isinstance(name, str) or not name:
@@ -209,9 +205,6 @@ class StateRegistry:
             self._restored_names.add(name)
             return True
         return False
-
-    def unregister(self, name: str) -> None:
-        self._objects.pop(name, None)
 
     def save(self, meta: Mapping[str, Any] | None = None) -> Path | None:
         """Save every registered state atomically; None when checkpointing is off."""

@@ -172,7 +172,6 @@ class AgentContext:
         self._prev_sigterm_handler: Any = None
         self._handler_installed = False
         self.oom_in_step = False
-        self.injected_ooms = 0
         above = os.environ.get(ENV_FAULT_OOM_ABOVE, "").strip()
         self.fault_oom_above: int | None = int(above) if above else None
         self._prev_excepthook: Any = None
@@ -420,10 +419,6 @@ def get_context() -> AgentContext:
         init_process_group()
     assert _CONTEXT is not None
     return _CONTEXT
-
-
-def has_context() -> bool:
-    return _CONTEXT is not None
 
 
 def init_process_group(backend: str | None = None, *, timeout: datetime.timedelta | None = None) -> AgentEnv:

@@ -13,7 +13,6 @@ from __future__ import annotations
 import ipaddress
 import json
 import logging
-import os
 import threading
 import urllib.error
 import urllib.parse
@@ -25,10 +24,8 @@ from pollux.hints import hints_path, validate_hints
 
 logger = logging.getLogger("pollux.torch")
 
-#: Environment variables read by :meth:`HintReporter.from_env`.
+#: The variable that names the scheduler's URL (parsed by :mod:`pollux.torch.env`), for messages.
 ENV_URL = "POLLUX_SCHEDULER_URL"
-ENV_JOB_ID = "POLLUX_JOB_ID"
-ENV_TOKEN = "POLLUX_JOB_TOKEN"
 
 
 def _is_loopback(host: str) -> bool:
@@ -73,12 +70,6 @@ class HintReporter:
         self._busy = False
         self._closed = False
         self._thread: threading.Thread | None = None
-
-    @classmethod
-    def from_env(cls, environ: Mapping[str, str] | None = None, timeout_s: float = 5.0) -> HintReporter:
-        """Build from ``POLLUX_SCHEDULER_URL``, ``POLLUX_JOB_ID`` and ``POLLUX_JOB_TOKEN``."""
-        env = os.environ if environ is None else environ
-        return cls(env.get(ENV_URL), env.get(ENV_JOB_ID), env.get(ENV_TOKEN), timeout_s=timeout_s)
 
     @property
     def enabled(self) -> bool:

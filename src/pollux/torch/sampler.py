@@ -97,9 +97,6 @@ class ElasticSampler:
         p = start // n
         return self.permutation(p)[(start - p * n) + positions]
 
-    def pass_of(self, position: int | None = None) -> int:
-        return (self.position if position is None else position) // self.dataset_len
-
     # ---------------------------------------------------------------- step plans
 
     def plan(self, position: int, replicas: int, rank: int, local_bsz: int, accum_steps: int = 0) -> StepPlan:
