@@ -24,6 +24,7 @@ demo-sim: $(STAMP)
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
+	$(VENV)/bin/mypy
 
 test: $(STAMP) lint
 	$(PY) -m pytest -q

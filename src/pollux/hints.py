@@ -106,7 +106,7 @@ def _plain(value: Any, path: str) -> Any:
     if isinstance(value, list | tuple):
         return [_plain(item, _join(path, i)) for i, item in enumerate(value)]
     if isinstance(value, numbers.Integral):
-        number = int(value)
+        number: int | float = int(value)
         try:
             float(number)
         except OverflowError:

@@ -97,7 +97,7 @@ _JOB_ID = re.compile(doc.JOB_ID_PATTERN)
 _SURROGATE = re.compile("[\ud800-\udfff]")
 _StateName = Literal[JOB_STATES]  # type: ignore[valid-type]
 #: ``?state=`` (repeatable): the states of the jobs to list.
-_StatesQuery = Annotated[list[_StateName],  # type: ignore[valid-type]
+_StatesQuery = Annotated[list[_StateName],
                          Query(description="Only jobs in these states (repeatable).")]
 #: ``?restart=`` and ``?rank=``: whole numbers in SQLite's (and any real job's) range; absent = all.
 _IndexQuery = Annotated[int, Query(ge=0, le=MAX_QUERY_INT)]

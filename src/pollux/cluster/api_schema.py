@@ -246,7 +246,7 @@ def request_body(component: str, description: str) -> dict[str, Any]:
 
 
 #: Security requirement of the routes that need a token.
-BEARER = {"security": [{"bearer": []}]}
+BEARER: dict[str, Any] = {"security": [{"bearer": []}]}
 
 #: ``restart`` and ``rank`` query parameters: whole numbers from 0 to this.
 QUERY_INT_MAX = MAX_QUERY_INT

@@ -89,7 +89,7 @@ def probe(address: str, env: dict[str, str] | None = None, timeout_s: float = 20
 def _probe_main(address: str, timeout_s: float = 5.0) -> int:
     os.environ.update(ray_env())
     try:
-        from ray._raylet import GcsClient
+        from ray._raylet import GcsClient  # type: ignore[attr-defined]  # no stubs for Ray's internals
 
         nodes = GcsClient(address=address).get_all_node_info(timeout=timeout_s)
         alive = sum(1 for n in nodes.values() if int(getattr(n, "state", 1)) == 0)

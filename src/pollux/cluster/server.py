@@ -494,9 +494,9 @@ def status(state_dir: Path, *, probe_ray: bool = True) -> dict[str, Any]:
         out["ray_error"] = f"the Ray host (PID {rayhost_pid}) is not running"
     elif probe_ray and out["ray_address"] and (running is not None or out["rayhost_alive"]):
         from pollux.cluster.rayhost import probe
-        token = state / RAY_TOKEN
-        env = {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(token)} \
-            if embedded and token.exists() else {}
+        ray_token = state / RAY_TOKEN
+        env = {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(ray_token)} \
+            if embedded and ray_token.exists() else {}
         health = probe(out["ray_address"], env)
         out["ray_healthy"] = health["healthy"]
         out["ray_error"] = health.get("error")

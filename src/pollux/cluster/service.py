@@ -127,7 +127,7 @@ class RayWatch:
         self._next = time.monotonic() + every_s
         self.client: Any = None
         try:   # one client made while the GCS answers: a new one would wait ~40 s for a dead GCS
-            from ray._raylet import GcsClient
+            from ray._raylet import GcsClient  # type: ignore[attr-defined]  # no stubs for Ray's internals
             self.client = GcsClient(address=address)
         except Exception as exc:
             logger.warning("no health checks of the Ray GCS at %s (%s); watching the host PID only",

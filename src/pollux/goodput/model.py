@@ -60,8 +60,20 @@ class BatchLimits:
         object.__setattr__(self, "max_local_bsz", hi)
 
     @property
+    def max_batch(self) -> float:
+        """``max_batch_size`` as set by ``__post_init__`` (never None after construction)."""
+        assert self.max_batch_size is not None
+        return self.max_batch_size
+
+    @property
+    def max_local(self) -> float:
+        """``max_local_bsz`` as set by ``__post_init__`` (never None after construction)."""
+        assert self.max_local_bsz is not None
+        return self.max_local_bsz
+
+    @property
     def adaptive(self) -> bool:
-        return self.max_batch_size > self.init_batch_size
+        return self.max_batch > self.init_batch_size
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,7 +127,7 @@ class GoodputModel:
 
 def local_bounds(limits: BatchLimits) -> tuple[int, int]:
     """Whole-example local batch bounds: fractional bounds rounded inwards."""
-    return math.ceil(limits.min_local_bsz - 1e-9), math.floor(float(limits.max_local_bsz) + 1e-9)
+    return math.ceil(limits.min_local_bsz - 1e-9), math.floor(float(limits.max_local) + 1e-9)
 
 
 def batch_candidates(replicas: ArrayLike, limits: BatchLimits,
@@ -129,7 +141,7 @@ def batch_candidates(replicas: ArrayLike, limits: BatchLimits,
     ok = np.ones(k.shape, dtype=bool) if valid is None else np.asarray(valid, dtype=bool).copy()
     lo, _ = local_bounds(limits)
     low = np.maximum(limits.init_batch_size, lo * k)
-    mmax = float(limits.max_batch_size)
+    mmax = float(limits.max_batch)
     ok &= low <= mmax
     ratio = np.where(ok, mmax / low, 1.0)
     frac = np.linspace(0.0, 1.0, NUM_CANDIDATES)
@@ -242,7 +254,7 @@ def exploration_cap(max_replicas_seen: int, limits: BatchLimits,
     cap = max(2 * int(max_replicas_seen), 1)
     if max_replicas is not None:
         cap = min(cap, int(max_replicas))
-    cap = min(cap, int(limits.max_batch_size // limits.min_local_bsz))
+    cap = min(cap, int(limits.max_batch // limits.min_local_bsz))
     return max(cap, 0)
 
 

@@ -444,8 +444,10 @@ def fit_throughput(
 
     def polish() -> None:
         # The first surrogate leaves residuals near sqrt(2·δ·ftol); a sharper one takes them down.
+        assert best_x is not None   # set by the first consider()
         res = _minimise(fine, best_x, bounds, ftol)
         consider(res.x, objective(res.x)[0], str(res.message))
+        assert best_x is not None
         res = _minimise(objective, best_x, bounds, ftol)
         consider(res.x, float(res.fun), str(res.message))
 
@@ -499,11 +501,11 @@ def fit_objective(
         accum_a = np.full_like(optim_a, np.nan)
     else:
         accum_a = np.atleast_1d(np.asarray(accum_step_time, dtype=np.float64))
-    records = _aggregate(*(np.atleast_1d(np.asarray(a, dtype=np.float64))
-                           for a in (nodes, replicas, local_bsz)), optim_a, accum_a)
+    n_a, r_a, m_a = (np.atleast_1d(np.asarray(a, dtype=np.float64)) for a in (nodes, replicas, local_bsz))
+    n_r, r_r, m_r, o_r, a_r = _aggregate(n_a, r_a, m_a, optim_a, accum_a)
     z = _to_z(np.array(params.as_array(), dtype=np.float64))
     with np.errstate(all="ignore"):
-        loss, _ = _Objective(*records, np.arange(7), z)(z)
+        loss, _ = _Objective(n_r, r_r, m_r, o_r, a_r, np.arange(7), z)(z)
     return float(loss)
 
 

@@ -326,7 +326,7 @@ class PolluxProblem:
         built = min(nt, 2)
         tab = speedup_table(job.model, limits, built, rt, self.fair, replica_cap=rt)
         if nt > built:
-            r = np.arange(rt + 1)
+            r = np.arange(rt + 1)  # type: ignore[assignment]  # int grid; the float one above is another branch
             n = np.arange(built + 1, nt + 1)[:, None]
             tab = np.concatenate([tab, np.where(r[None, :] >= n, tab[built][None, :], 0.0)])
         if cache is not None and cache_size > 0:
@@ -478,7 +478,7 @@ class PolluxProblem:
         if cols.size:
             flat = pop.reshape(nj, -1)
             sub = flat[:, cols]
-            before = np.cumsum(sub, axis=0) - sub
+            before: np.ndarray = np.cumsum(sub, axis=0) - sub
             cap = self._cap32[cols % nn]
             flat[:, cols] = np.minimum(sub, np.maximum(cap - before, 0.0))
         # Jobs below their min replicas get nothing.
@@ -662,7 +662,7 @@ class PolluxProblem:
         best_g, best_k, best_mode = -math.inf, 0, 0
         # No k can gain more than reaching the job's best speedup anywhere: stop once k is so large
         # that even that, spread over k GPUs, cannot beat the best found.
-        top = float(_utility(max(best_any) * pen, p)) - u_now
+        top = float(_utility(np.asarray(max(best_any) * pen), p)) - u_now
         for k in range(max(1, min_r - r), kmax + 1):
             if top <= best_g * k:
                 break
