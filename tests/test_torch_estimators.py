@@ -174,7 +174,7 @@ def test_a_rebuilt_bucket_at_the_same_address_gets_a_new_layout() -> None:
     reuse the old address. The layout must follow the parameters, not the address: a stale one put
     the Adam pre-conditioner on the wrong entries on one replica only, the replicas' statistics and
     progress diverged, and their collectives mismatched (a gloo abort on resume)."""
-    from pollux.torch.parallel import _GradTracker
+    from pollux.torch.gradstats import _GradTracker
 
     a, b = torch.nn.Parameter(torch.zeros(3)), torch.nn.Parameter(torch.zeros(5))
     tracker = _GradTracker(torch.optim.Adam([a, b]), torch.device("cpu"), None)
