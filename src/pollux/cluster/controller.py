@@ -38,16 +38,15 @@ from __future__ import annotations
 
 import logging
 import signal
-import sys
 import threading
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from pollux.cluster import launcher as lch
 from pollux.cluster.backend import NodeInfo, RayBackend, ReplicaHandle, parse_actor_name
 from pollux.cluster.launcher import Launch, LaunchError, replica_command
+from pollux.cluster.runs import ControllerConfig, Group, still_wanted
 from pollux.cluster.scheduler import Scheduler
 from pollux.cluster.store import ACTIVE_STATES, JobRecord, JobStore
 from pollux.hints import PREEMPTED_EXIT_CODE
@@ -56,67 +55,6 @@ from pollux.policy.base import Cluster
 logger = logging.getLogger("pollux.cluster")
 
 __all__ = ["Controller", "ControllerConfig", "Group", "replica_command"]
-
-
-@dataclass(frozen=True)
-class ControllerConfig:
-    """Timing and retry settings of the control loop, where replicas write, and as whom they run."""
-
-    state_dir: Path
-    scheduler_url: str | None = None
-    interval_s: float = 60.0
-    tick_s: float = 0.5
-    stop_grace_s: float = 60.0
-    cancel_grace_s: float = 2.0
-    launch_timeout_s: float = 60.0
-    max_retries: int = 3
-    retry_backoff_s: float = 1.0
-    max_backoff_s: float = 30.0
-    python: str = sys.executable
-    run_as: str | None = None
-
-    @property
-    def log_dir(self) -> Path:
-        return Path(self.state_dir) / "logs"
-
-    @property
-    def checkpoint_dir(self) -> Path:
-        return Path(self.state_dir) / "checkpoints"
-
-
-@dataclass
-class Group:
-    """The replica processes of one run (restart) of a job, as the controller tracks them.
-
-    ``futures`` maps each rank still running to the reference of its exit code. A ``cleanup`` group
-    holds the processes of a failed launch: it is only stopped and released, the failure having been
-    counted already.
-    """
-
-    job_id: str
-    restart: int
-    placement: dict[str, int]
-    handles: list[ReplicaHandle]
-    started: float
-    exits: dict[int, int] = field(default_factory=dict)
-    stop_reason: str | None = None
-    stop_deadline: float | None = None
-    stop_requested_at: float | None = None
-    killed: bool = False
-    accounted: float | None = None
-    futures: dict[int, Any] = field(default_factory=dict)
-    usage: lch.Usage = field(default_factory=dict)
-    cleanup: bool = False
-
-    @property
-    def stopping(self) -> bool:
-        return self.stop_reason is not None
-
-
-def _wanted(job: JobRecord, placement: dict[str, int]) -> bool:
-    """Whether the store still wants this run: job active and allocated exactly ``placement``."""
-    desired = {n: int(g) for n, g in job.allocation.items() if int(g) > 0}
-    return not job.terminal and job.state != "pending" and desired == placement
 
 
 class Controller:
@@ -306,7 +244,7 @@ class Controller:
     def _advance(self, x: Launch, job: JobRecord, ready: set[Any], mono: float, now: float) -> None:
         timeout = self.config.launch_timeout_s
         if x.starts is None:
-            if not _wanted(job, x.placement):
+            if not still_wanted(job, x.placement):
                 self._drop_launch(x, job, None, now)
             elif x.rendezvous in ready:
                 try:
@@ -337,7 +275,7 @@ class Controller:
         complete = all(r in ready for r in x.starts)
         if errors:
             self._drop_launch(x, job, errors[0], now)
-        elif not complete and not _wanted(job, x.placement):
+        elif not complete and not still_wanted(job, x.placement):
             self._drop_launch(x, job, None, now)
         elif not complete and mono > x.deadline:
             late = [h.rank for h in x.handles if h.pid is None]
@@ -356,7 +294,7 @@ class Controller:
                       usage=lch.launch_usage(x.placement, x.launches))
         self.groups[x.job_id] = group
         job = self.store.get_job(x.job_id)
-        if not _wanted(job, x.placement):
+        if not still_wanted(job, x.placement):
             # Cancelled or re-allocated while its processes were starting: stop them now.
             logger.info("job %s: restart %d started after the job became %s; stopping it", x.job_id,
                         x.restart, job.state)
