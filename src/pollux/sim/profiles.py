@@ -35,11 +35,8 @@ Decisions beyond the format:
 from __future__ import annotations
 
 import bisect
-import json
 import math
-import re
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, fields
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
@@ -48,8 +45,19 @@ import numpy as np
 from scipy.interpolate import LinearNDInterpolator
 from scipy.spatial import QhullError
 
-from pollux.goodput import BatchLimits, GradStats, ScalingRule, scaling_rule_for
-from pollux.sim.csvrows import read_rows
+from pollux.goodput import GradStats
+from pollux.sim.profile_files import (  # noqa: F401 (constants re-exported from here)
+    _PLACEMENT_STRING,
+    PLACEMENT_COLUMNS,
+    PLACEMENTS_FILE,
+    SCALABILITY_COLUMNS,
+    SCALABILITY_FILE,
+    VALIDATION_COLUMNS,
+    _infer,
+    _read_app,
+    infer_metadata,
+)
+from pollux.sim.profile_meta import METADATA_FILE, OPTIMIZERS, AppMeta, default_metadata  # noqa: F401
 
 __all__ = [
     "AppMeta",
@@ -61,142 +69,9 @@ __all__ = [
     "placement_key",
 ]
 
-METADATA_FILE = Path(__file__).with_name("applications.json")
-PLACEMENTS_FILE = "placements.csv"
-SCALABILITY_FILE = "scalability.csv"
-PLACEMENT_COLUMNS = ("placement", "local_bsz", "step_time", "sync_time")
-SCALABILITY_COLUMNS = ("num_nodes", "num_replicas", "local_bsz", "step_time", "sync_time")
-VALIDATION_COLUMNS = ("progress", "iteration", "metric", "grad_sqr", "grad_var")
-OPTIMIZERS = ("sgd", "adam")
 CACHE_SIZE = 1 << 16
 
 _NAN_PAIR = (math.nan, math.nan)
-_VALIDATION_NAME = re.compile(r"validation-(.+)\.csv")
-_PLACEMENT_STRING = re.compile(r"[0-9]+")
-
-
-# --------------------------------------------------------------------------------------------------
-# Application metadata
-
-
-@dataclass(frozen=True, slots=True)
-class AppMeta:
-    """Per-application constants used with a profile (SPEC §7); none of them is in the CSVs."""
-
-    name: str
-    init_batch_size: int  # M0
-    max_batch_size: int
-    min_local_bsz: int
-    max_local_bsz: int
-    epochs: int  # epochs to completion
-    optimizer: str  # "sgd" or "adam"
-    metric_higher_is_better: bool
-
-    def __post_init__(self) -> None:
-        if not isinstance(self.name, str) or not self.name:
-            raise ValueError(f"name: expected a non-empty string, got {self.name!r}")
-        for field in ("init_batch_size", "max_batch_size", "min_local_bsz", "max_local_bsz", "epochs"):
-            object.__setattr__(self, field, _positive_int(field, getattr(self, field)))
-        if self.max_batch_size < self.init_batch_size:
-            raise ValueError(
-                f"max_batch_size: {self.max_batch_size} is below init_batch_size {self.init_batch_size}"
-            )
-        if self.max_local_bsz < self.min_local_bsz:
-            raise ValueError(
-                f"max_local_bsz: {self.max_local_bsz} is below min_local_bsz {self.min_local_bsz}"
-            )
-        if self.optimizer not in OPTIMIZERS:
-            raise ValueError(f"optimizer: expected one of {', '.join(OPTIMIZERS)}, got {self.optimizer!r}")
-        if not isinstance(self.metric_higher_is_better, bool):
-            raise ValueError(
-                f"metric_higher_is_better: expected true or false, got {self.metric_higher_is_better!r}"
-            )
-
-    def limits(self, accumulation: bool = True) -> BatchLimits:
-        """The batch limits the goodput optimiser works within for this application."""
-        return BatchLimits(
-            init_batch_size=self.init_batch_size,
-            max_batch_size=self.max_batch_size,
-            min_local_bsz=self.min_local_bsz,
-            max_local_bsz=self.max_local_bsz,
-            accumulation=accumulation,
-        )
-
-    def scaling_rule(self) -> ScalingRule:
-        """The default LR scaling rule: AdaScale for SGD, square-root for Adam."""
-        return scaling_rule_for(self.optimizer)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {f.name: getattr(self, f.name) for f in fields(self) if f.name != "name"}
-
-
-def _positive_int(name: str, value: Any) -> int:
-    if isinstance(value, bool) or not isinstance(value, int | float | np.integer | np.floating):
-        raise ValueError(f"{name}: expected a positive integer, got {value!r}")
-    if not math.isfinite(value) or value != int(value) or value < 1:
-        raise ValueError(f"{name}: expected a positive integer, got {value!r}")
-    return int(value)
-
-
-_META_FIELDS = tuple(f.name for f in fields(AppMeta) if f.name != "name")
-
-
-def default_metadata(path: Path | None = None) -> dict[str, AppMeta]:
-    """Application metadata from ``applications.json`` beside this module, or from an override file.
-
-    The file is ``{"provenance": "...", "applications": {name: {field: value, ...}, ...}}`` with every
-    field of :class:`AppMeta` but ``name``. Errors are ``ValueError`` naming the file and the field.
-    """
-    return dict(_load_metadata(Path(path) if path is not None else METADATA_FILE))
-
-
-@lru_cache(maxsize=8)
-def _load_metadata_cached(path: Path, mtime_ns: int) -> tuple[tuple[str, AppMeta], ...]:
-    try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise FileNotFoundError(f"{path}: metadata file not found") from None
-    except UnicodeDecodeError:
-        raise ValueError(f"{path}: not UTF-8 text") from None
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise ValueError(f"{path}, line {exc.lineno}: invalid JSON: {exc.msg}") from None
-    if not isinstance(data, dict):
-        raise ValueError(f"{path}: expected a JSON object with an 'applications' object")
-    unknown = sorted(set(data) - {"provenance", "applications"})
-    if unknown:
-        raise ValueError(f"{path}: unknown top-level field(s) {', '.join(unknown)}")
-    if "provenance" in data and not isinstance(data["provenance"], str):
-        raise ValueError(f"{path}: provenance: expected a string")
-    apps = data.get("applications")
-    if not isinstance(apps, dict):
-        raise ValueError(f"{path}: applications: expected an object mapping names to metadata")
-    out = []
-    for name, entry in apps.items():
-        where = f"applications.{name}"
-        if not isinstance(entry, dict):
-            raise ValueError(f"{path}: {where}: expected an object")
-        missing = [f for f in _META_FIELDS if f not in entry]
-        if missing:
-            raise ValueError(f"{path}: {where}: missing field(s) {', '.join(missing)}")
-        extra = sorted(set(entry) - set(_META_FIELDS))
-        if extra:
-            raise ValueError(f"{path}: {where}: unknown field(s) {', '.join(extra)}")
-        try:
-            meta = AppMeta(name=name, **{f: entry[f] for f in _META_FIELDS})
-        except ValueError as exc:
-            raise ValueError(f"{path}: {where}.{exc}") from None
-        out.append((name, meta))
-    return tuple(out)
-
-
-def _load_metadata(path: Path) -> tuple[tuple[str, AppMeta], ...]:
-    try:
-        mtime = path.stat().st_mtime_ns
-    except FileNotFoundError:
-        raise FileNotFoundError(f"{path}: metadata file not found") from None
-    return _load_metadata_cached(path.resolve(), mtime)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -507,139 +382,6 @@ def _build_interpolator(nodes, replicas, lbs, step, sync) -> LinearNDInterpolato
     except (QhullError, ValueError):
         # Degenerate point set (e.g. all points in one plane): no volume to interpolate over.
         return None
-
-
-# --------------------------------------------------------------------------------------------------
-# Reading the files
-
-
-def _number(
-    path: Path,
-    line: int,
-    field: str,
-    text: str,
-    *,
-    integer: bool = False,
-    positive: bool = False,
-    signed: bool = False,
-) -> float:
-    where = f"{path}, line {line}, field {field}"
-    try:
-        value = float(text)
-    except ValueError:
-        raise ValueError(f"{where}: not a number: {text.strip()!r}") from None
-    if not math.isfinite(value):
-        raise ValueError(f"{where}: must be finite, got {text.strip()!r}")
-    if not signed and value < 0:
-        raise ValueError(f"{where}: must be non-negative, got {value!r}")
-    if positive and value <= 0:
-        raise ValueError(f"{where}: must be positive, got {value!r}")
-    if integer and value != int(value):
-        raise ValueError(f"{where}: must be an integer, got {value!r}")
-    return value
-
-
-def _columns(path: Path, columns: Sequence[str], specs: dict[str, dict]) -> dict[str, list]:
-    index, rows = read_rows(path, columns, kind="profile", loc=lambda n: f"{path}, line {n}",
-                            missing_message="profile file not found")
-    out: dict[str, list] = {c: [] for c in columns}
-    out["_line"] = []
-    for line, row in rows:
-        out["_line"].append(line)
-        for c in columns:
-            text = row[index[c]]
-            if c == "placement":
-                s = text.strip()
-                if not _PLACEMENT_STRING.fullmatch(s) or not s.strip("0"):
-                    raise ValueError(
-                        f"{path}, line {line}, field placement: bad placement string {text!r} "
-                        "(expected digits: GPUs per node)"
-                    )
-                out[c].append(s)
-            else:
-                out[c].append(_number(path, line, c, text, **specs.get(c, {})))
-    return out
-
-
-def _read_app(app_dir: Path) -> dict[str, Any]:
-    app_dir = Path(app_dir)
-    if not app_dir.is_dir():
-        raise FileNotFoundError(f"{app_dir}: profile directory not found")
-    pl_path = app_dir / PLACEMENTS_FILE
-    pl = _columns(pl_path, PLACEMENT_COLUMNS, {"local_bsz": {"positive": True}})
-    sc_path = app_dir / SCALABILITY_FILE
-    sc = _columns(
-        sc_path,
-        SCALABILITY_COLUMNS,
-        {
-            "num_nodes": {"integer": True, "positive": True},
-            "num_replicas": {"integer": True, "positive": True},
-            "local_bsz": {"positive": True},
-        },
-    )
-    for line, n, r in zip(sc["_line"], sc["num_nodes"], sc["num_replicas"], strict=True):
-        if r < n:
-            raise ValueError(f"{sc_path}, line {line}, field num_replicas: {r:g} replicas on {n:g} nodes")
-
-    val_files = []
-    for p in sorted(app_dir.glob("validation-*.csv")):
-        match = _VALIDATION_NAME.fullmatch(p.name)
-        b_text = match.group(1) if match else ""
-        if not b_text.isdigit() or int(b_text) < 1:
-            raise ValueError(
-                f"{p}: bad validation file name (expected validation-<B>.csv, B a positive integer)"
-            )
-        val_files.append((int(b_text), p))
-    if not val_files:
-        raise FileNotFoundError(f"{app_dir}: no validation-<B>.csv files")
-    val_files.sort()
-    vals = []
-    for b, p in val_files:
-        v = _columns(
-            p,
-            VALIDATION_COLUMNS,
-            {"iteration": {"integer": True}, "metric": {"signed": True}},
-        )
-        prog = v["progress"]
-        for i in range(1, len(prog)):
-            if prog[i] <= prog[i - 1]:
-                raise ValueError(
-                    f"{p}, line {v['_line'][i]}, field progress: {prog[i]!r} does not increase "
-                    f"(previous row {prog[i - 1]!r})"
-                )
-        vals.append((b, p, v))
-    n_rows = {len(v["progress"]) for _, _, v in vals}
-    if len(n_rows) > 1:
-        counts = ", ".join(f"{p} ({len(v['progress'])})" for _, p, v in vals)
-        raise ValueError(f"{app_dir}: validation files differ in row count (one row per epoch): {counts}")
-    return {
-        "dir": app_dir,
-        "placements": pl,
-        "scalability": sc,
-        "validation": vals,
-    }
-
-
-def _infer(name: str, raw: dict[str, Any]) -> AppMeta:
-    bs = [b for b, _, _ in raw["validation"]]
-    lbs = raw["placements"]["local_bsz"]
-    return AppMeta(
-        name=name,
-        init_batch_size=min(bs),
-        max_batch_size=max(bs),
-        min_local_bsz=max(1, math.ceil(min(lbs))),
-        max_local_bsz=max(1, math.floor(max(lbs))),
-        epochs=len(raw["validation"][0][2]["progress"]),
-        optimizer="sgd",
-        metric_higher_is_better=True,
-    )
-
-
-def infer_metadata(app_dir: Path) -> AppMeta:
-    """Metadata read off an application's files (used for applications with no metadata entry):
-    M0 / max batch = smallest / largest validated B, local bounds = min / max placement local batch,
-    epochs = validation rows, SGD, higher-is-better metric."""
-    return _infer(Path(app_dir).name, _read_app(Path(app_dir)))
 
 
 def _build(name: str, raw: dict[str, Any], meta: AppMeta) -> AppProfile:

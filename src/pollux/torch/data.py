@@ -42,6 +42,8 @@ from pollux.hints import build_hints
 from pollux.torch import decisions
 from pollux.torch.context import AgentContext, StepInfo, get_context
 from pollux.torch.decisions import DecisionRecord, batch_of
+from pollux.torch.loader_state import _LoaderState
+from pollux.torch.microbatch import _PlanBatchSampler, split_batch
 from pollux.torch.sampler import ElasticSampler
 
 logger = logging.getLogger("pollux.torch")
@@ -51,78 +53,6 @@ OOM_BACKOFF = 0.75
 #: After the first ``2 × MIN_UNBIASED`` unbiased estimates, one single-replica step in this many is a probe.
 PROBE_EVERY = 4
 _REJECTED_KWARGS = ("sampler", "batch_sampler", "drop_last", "batch_size")
-
-
-def split_batch(batch: Any, size: int) -> tuple[Any, Any] | None:
-    """Split a collated batch of ``size`` examples into two halves along the first dimension.
-
-    Tensors and lists/tuples of per-example values whose first dimension is ``size`` are split;
-    None when some part of the batch cannot be split that way (then the step is not a probe).
-    """
-    half = size // 2
-    ok = [True]
-
-    def cut(x: Any, first: bool) -> Any:
-        if isinstance(x, torch.Tensor):
-            if x.dim() >= 1 and x.shape[0] == size:
-                return x[:half] if first else x[half:]
-            ok[0] = False
-            return x
-        if isinstance(x, tuple) and hasattr(x, "_fields"):
-            return type(x)(*(cut(v, first) for v in x))
-        if isinstance(x, dict):
-            return type(x)((k, cut(v, first)) for k, v in x.items())
-        if isinstance(x, list | tuple):
-            if x and all(not isinstance(v, torch.Tensor | list | tuple | dict) for v in x):
-                if len(x) != size:
-                    ok[0] = False
-                    return x
-                return type(x)(x[:half] if first else x[half:])
-            return type(x)(cut(v, first) for v in x)
-        ok[0] = False
-        return x
-
-    if size < 2:
-        return None
-    a, b = cut(batch, True), cut(batch, False)
-    return (a, b) if ok[0] else None
-
-
-class _PlanBatchSampler:
-    """Feeds the DataLoader this replica's micro-batch indices from a segment of step plans."""
-
-    def __init__(self, sampler: ElasticSampler) -> None:
-        self.sampler = sampler
-        self.segment: tuple[int, int, int, int, int] = (0, 1, 0, 1, 0)
-
-    def __iter__(self) -> Iterator[list[int]]:
-        start, k, rank, m, s = self.segment
-        for plan in self.sampler.iter_plans(start, k, rank, m, s):
-            for micro in plan.micro_batches:
-                yield list(micro)
-
-
-class _LoaderState:
-    def __init__(self, loader: AdaptiveDataLoader) -> None:
-        self.loader = loader
-
-    def state_dict(self) -> dict[str, Any]:
-        ld = self.loader
-        return {"sampler": ld.sampler.state_dict(),
-                "config": None if ld._config is None else list(ld._config),
-                "limits_key": None if ld._config_key is None else list(ld._config_key),
-                "oom_max_local": ld._oom_max_local,
-                "last_decision": None if ld._last_decision is None else ld._last_decision.to_dict()}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        ld = self.loader
-        ld.sampler.load_state_dict(state["sampler"])
-        ld._config = None if state["config"] is None else tuple(int(v) for v in state["config"])
-        key = state.get("limits_key")
-        ld._config_key = None if key is None else tuple(key)
-        ld._oom_max_local = state.get("oom_max_local")
-        last = state.get("last_decision")
-        ld._last_decision = None if last is None else DecisionRecord.from_dict(last)
 
 
 class AdaptiveDataLoader:
