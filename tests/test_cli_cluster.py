@@ -21,13 +21,12 @@ from pathlib import Path
 import pytest
 import uvicorn
 
+from api_helpers import sample_hints
 from pollux import cli_cluster, cli_text
 from pollux.cli import main
 from pollux.cluster.api import create_app
 from pollux.cluster.client import ClientError, PolluxClient
 from pollux.cluster.store import JOB_STATES, TERMINAL_STATES, JobStore
-from pollux.goodput import GradStats, ThroughputParams
-from pollux.hints import build_hints
 
 TOKEN = "cli-test-admin-token"
 CLUSTER = {"nodes": [{"name": "node-0", "gpus": 2, "address": "10.0.0.1"},
@@ -107,10 +106,7 @@ def submit(service: Service, capsys, *extra: str, name: str = "demo") -> str:
 
 
 def make_hints() -> dict:
-    return build_hints(params=ThroughputParams(0.0177, 0.000697, 0.0342, 0.00165, 0.128, 0.0026, 2.23),
-                       grad=GradStats(sqr=8.95, var=5.07), init_batch_size=64, max_batch_size=4096,
-                       local_bsz_bounds=(32, 1024), accumulation=True, max_replicas_seen=4,
-                       progress=12345.5, epoch=3)
+    return sample_hints(64)
 
 
 # ----------------------------------------------------------------------------------------------- submit

@@ -12,10 +12,9 @@ import uvicorn
 from fastapi.testclient import TestClient
 from prometheus_client.parser import text_string_to_metric_families
 
+from api_helpers import bearer, sample_hints
 from pollux.cluster.api import create_app
 from pollux.cluster.store import JobStore
-from pollux.goodput import GradStats, ThroughputParams
-from pollux.hints import build_hints
 
 ADMIN = "admin-secret-token"
 #: The entrypoint (relative to ``working_dir``) must exist now: the API checks it at submission.
@@ -23,14 +22,11 @@ SPEC = {"entrypoint": "train.py", "init_batch_size": 128, "max_batch_size": 4096
 
 
 def auth(token: str) -> dict[str, str]:
-    return {"Authorization": f"Bearer {token}"}
+    return bearer(token)
 
 
 def make_hints() -> dict:
-    return build_hints(params=ThroughputParams(0.0177, 0.000697, 0.0342, 0.00165, 0.128, 0.0026, 2.23),
-                       grad=GradStats(sqr=8.95, var=5.07), init_batch_size=128, max_batch_size=4096,
-                       local_bsz_bounds=(32, 1024), accumulation=True, max_replicas_seen=4,
-                       progress=12345.5, epoch=3)
+    return sample_hints()
 
 
 @pytest.fixture

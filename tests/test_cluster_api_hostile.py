@@ -17,11 +17,10 @@ import pytest
 import uvicorn
 from fastapi.testclient import TestClient
 
+from api_helpers import bearer, sample_hints
 from pollux.cluster.api import create_app
 from pollux.cluster.limits import MAX_BODY_BYTES, MAX_JSON_DEPTH
 from pollux.cluster.store import JobStore
-from pollux.goodput import GradStats, ThroughputParams
-from pollux.hints import build_hints
 
 ADMIN = "hostile-admin-token"
 #: Two nodes of 2 GPU slots, 8 CPUs and 32 GB each, as the backend reports them.
@@ -29,14 +28,11 @@ NODES = [{"GPU": 2.0, "CPU": 8.0, "memory": 3.2e10}, {"GPU": 2.0, "CPU": 8.0, "m
 
 
 def auth(token: str = ADMIN) -> dict[str, str]:
-    return {"Authorization": f"Bearer {token}"}
+    return bearer(token)
 
 
 def make_hints() -> dict:
-    return build_hints(params=ThroughputParams(0.0177, 0.000697, 0.0342, 0.00165, 0.128, 0.0026, 2.23),
-                       grad=GradStats(sqr=8.95, var=5.07), init_batch_size=128, max_batch_size=4096,
-                       local_bsz_bounds=(32, 1024), accumulation=True, max_replicas_seen=4,
-                       progress=12345.5, epoch=3)
+    return sample_hints()
 
 
 @pytest.fixture
