@@ -29,6 +29,7 @@ import numpy as np
 from jsonschema import Draft202012Validator
 from jsonschema.exceptions import ValidationError, best_match
 
+from pollux.contract import PREEMPTED_EXIT_CODE  # noqa: F401  (re-exported: older import path)
 from pollux.goodput.model import BatchLimits, GoodputModel
 from pollux.goodput.records import GradStats, ThroughputParams
 
@@ -38,9 +39,6 @@ HINTS_VERSION = 1
 SCHEMA_PATH: Path = Path(__file__).resolve().parent / "schemas" / "hints-v1.json"
 #: Path of the hints endpoint under the service URL; format with a URL-quoted job id.
 HINTS_ENDPOINT = "/v1/jobs/{job_id}/hints"
-#: Exit status of a replica that checkpointed after SIGTERM: "preempted, resume me" (SPEC §8). The
-#: agent exits with it; the service reads it as a preemption, not a failure.
-PREEMPTED_EXIT_CODE = 143
 
 _INTEGER_FIELDS = ("init_batch_size", "max_batch_size", "max_replicas_seen", "epoch")
 _THROUGHPUT_FIELDS = ("alpha_grad", "beta_grad", "alpha_local", "beta_local", "alpha_node", "beta_node",
