@@ -11,6 +11,7 @@ import pytest
 
 from pollux.cli import main
 from pollux.goodput.examples import load_example_jobs
+from pollux.policy.registry import policy_names
 
 ROOT = Path(__file__).resolve().parents[1]
 TRACES = ROOT.parent / "shared" / "data" / "pollux-osdi21" / "traces"
@@ -77,3 +78,82 @@ def test_goodput_benchmark_bad_data_dir_is_a_clear_error(tmp_path):
     assert proc.returncode == 2
     assert "placements.csv:2" in proc.stderr and "local_bsz" in proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+# --------------------------------------------------------------------------------------------------
+# One error convention for every command (docs/cli.md, "Errors and exit statuses")
+
+
+def run(capsys, argv: list[str]) -> tuple[int, str, str]:
+    capsys.readouterr()
+    code = main(argv)
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+def test_sim_usage_errors_exit_2_after_the_commands_usage(capsys, tmp_path):
+    code, out, err = run(capsys, ["simulate", "--policy", "nope"])
+    assert code == 2 and out == ""
+    usage, message = err.strip().splitlines()[0], err.strip().splitlines()[-1]
+    assert usage.startswith("usage: pollux simulate ")
+    choices = ", ".join(repr(n) for n in policy_names())           # the registry's names
+    assert message == ("pollux simulate: error: argument --policy: invalid choice: 'nope' "
+                       f"(choose from {choices})")
+    code, _, err = run(capsys, ["workload", "generate", "--trace", "t.csv", "--out", str(tmp_path / "o.csv"),
+                                "--jobs", "0"])
+    assert code == 2 and "pollux workload generate: error: argument --jobs: expected an integer >= 1" in err
+    code, _, err = run(capsys, ["goodput", "--job", "nope"])       # found after parsing: the same form
+    assert code == 2 and err.startswith("usage: pollux goodput ")
+    last = err.strip().splitlines()[-1]
+    assert last.startswith("pollux goodput: error: --job: unknown example job(s) nope")
+    code, _, err = run(capsys, ["goodput", "--bogus"])              # named after the subcommand
+    assert code == 2 and err.strip().endswith("pollux goodput: error: unrecognized arguments: --bogus")
+    assert "Traceback" not in err
+
+
+def test_sim_runtime_errors_exit_1_naming_the_file(capsys, tmp_path):
+    missing = tmp_path / "none.csv"
+    code, out, err = run(capsys, ["simulate", "--workload", str(missing)])
+    assert code == 1 and out == ""
+    assert err == f"pollux: error: --workload {missing}: no such file or folder\n"
+    bad = tmp_path / "bad.csv"
+    bad.write_text("name,time,application,num_replicas,batch_size\nj0,x,cifar10,1,128\n")
+    code, out, err = run(capsys, ["simulate", "--workload", str(bad), "--quiet"])
+    assert code == 1 and out == ""
+    assert err == f"pollux: error: {bad}:2: field 'time': not a number: 'x'\n"
+    code, _, err = run(capsys, ["workload", "generate", "--trace", str(missing), "--out",
+                                str(tmp_path / "o.csv")])
+    assert code == 1 and err.startswith("pollux: error: ") and str(missing) in err
+    assert len(err.splitlines()) == 1 and not (tmp_path / "o.csv").exists()
+
+
+def test_simulate_compares_the_registrys_default_policies(capsys, monkeypatch):
+    from pollux.sim import runner
+
+    seen = []
+
+    class Stop(Exception):
+        pass
+
+    def fake_run_many(specs, *args, **kwargs):
+        seen.extend(specs)
+        raise Stop
+
+    monkeypatch.setattr(runner, "run_many", fake_run_many)
+    with pytest.raises(Stop):              # not a user error: it keeps its traceback
+        main(["simulate", "--quiet"])
+    assert [s.policy for s in seen] == list(policy_names(compare=True)) == ["pollux", "tiresias", "optimus"]
+
+
+def test_console_entry_exit_statuses(tmp_path):
+    """Through ``python -m pollux.cli``, in its own process: the statuses a shell sees."""
+    cmd = [sys.executable, "-m", "pollux.cli"]
+    usage = subprocess.run([*cmd, "simulate", "--interference", "2"], capture_output=True, text=True,
+                           timeout=60)
+    assert usage.returncode == 2 and "pollux simulate: error: argument --interference" in usage.stderr
+    runtime = subprocess.run([*cmd, "simulate", "--profiles", str(tmp_path / "no")], capture_output=True,
+                             text=True, timeout=60)
+    assert runtime.returncode == 1
+    assert runtime.stderr == f"pollux: error: --profiles {tmp_path / 'no'}: no such folder\n"
+    ok = subprocess.run([*cmd, "--help"], capture_output=True, text=True, timeout=60)
+    assert ok.returncode == 0 and "usage: pollux" in ok.stdout

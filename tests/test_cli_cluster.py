@@ -22,11 +22,11 @@ import pytest
 import uvicorn
 
 from api_helpers import sample_hints
-from pollux import cli_cluster, cli_text
-from pollux.cli import main
+from pollux.cli import cluster_commands, formatting, main
 from pollux.cluster.api import create_app
 from pollux.cluster.client import ClientError, PolluxClient
 from pollux.cluster.store import JOB_STATES, TERMINAL_STATES, JobStore
+from pollux.policy.registry import policy_names
 
 TOKEN = "cli-test-admin-token"
 CLUSTER = {"nodes": [{"name": "node-0", "gpus": 2, "address": "10.0.0.1"},
@@ -181,13 +181,13 @@ def test_submit_bad_batch_size_names_the_field(service, capsys):
 
 
 def test_submit_usage_errors_exit_2(service, capsys):
-    with pytest.raises(SystemExit) as exc:
-        main(service.args("submit", str(service.work / "train.py")))  # --batch-size is required
-    assert exc.value.code == 2
-    assert "--batch-size" in capsys.readouterr().err
-    with pytest.raises(SystemExit) as exc:
-        main(service.args("submit", "--batch-size", "8", "--gpus-per-replica", "0", "train.py"))
-    assert exc.value.code == 2
+    code, out, err = run(capsys, service.args("submit", str(service.work / "train.py")))  # no --batch-size
+    assert code == 2 and out == ""
+    assert err.startswith("usage: pollux submit ") and "pollux submit: error: " in err
+    assert "--batch-size" in err
+    code, out, err = run(capsys, service.args("submit", "--batch-size", "8", "--gpus-per-replica", "0",
+                                              "train.py"))
+    assert code == 2 and "pollux submit: error: argument --gpus-per-replica: expected an integer >= 1" in err
 
 
 # --------------------------------------------------------------------------------------------- ls, describe
@@ -226,9 +226,8 @@ def test_ls_table_and_json(service, capsys):
     assert [j["id"] for j in json.loads(out)] == [b]
     code, out, _ = run(capsys, service.args("ls", "--state", "failed"))
     assert code == 0 and out.strip() == "no jobs in state failed"
-    with pytest.raises(SystemExit) as exc:
-        main(service.args("ls", "--state", "bogus"))
-    assert exc.value.code == 2
+    code, out, err = run(capsys, service.args("ls", "--state", "bogus"))
+    assert code == 2 and out == "" and "pollux ls: error: argument --state: invalid choice: 'bogus'" in err
 
 
 def test_describe_shows_history(service, capsys):
@@ -328,7 +327,7 @@ def test_logs_print_the_job_output_raw_unless_on_a_terminal(service, capsys):
     service.store.record_replica(job_id, 0, 0, "node-0", 11, "c0.log")
     code, out, _ = run(capsys, service.args("logs", job_id))            # piped: the output as it is
     assert code == 0 and out.endswith("red \x1b[31mtext\ttab\n")
-    assert cli_text.escape_log("red \x1b[31mtext\ttab\n") == "red \\x1b[31mtext\ttab\n"
+    assert formatting.escape_log("red \x1b[31mtext\ttab\n") == "red \\x1b[31mtext\ttab\n"
 
 
 # ------------------------------------------------------------------------------------------------- logs
@@ -401,7 +400,7 @@ def test_logs_follow_prints_new_text_until_terminal(service, capsys):
 
 def test_log_follower_holds_back_the_last_line_and_loses_nothing():
     out: list[str] = []
-    f = cli_text.LogFollower(out.append)
+    f = formatting.LogFollower(out.append)
     h = "==> restart 0 rank 0 (node n) <==\n"
     h1 = "==> restart 0 rank 1 (node n) <==\n"
     f.feed(h + "a\nb", final=False)          # the service ends "b" with a newline of its own
@@ -505,6 +504,39 @@ def test_service_not_answering(tmp_path, capsys):
     assert exc.value.status == 0 and url in str(exc.value)
 
 
+def test_cluster_usage_errors_exit_2_after_the_commands_usage(service, capsys):
+    """docs/cli.md, "Errors and exit statuses": the same form as the simulator's commands."""
+    code, out, err = run(capsys, service.args("ls", "--bogus"))
+    assert code == 2 and out == ""
+    assert err.startswith("usage: pollux ls ")
+    assert err.strip().splitlines()[-1] == "pollux ls: error: unrecognized arguments: --bogus"
+    code, out, err = run(capsys, service.args("server", "start", "--policy", "optimus"))
+    live = ", ".join(repr(n) for n in policy_names(live=True))     # the registry's live policies
+    assert code == 2 and out == "" and "optimus" not in live
+    assert err.strip().splitlines()[-1] == ("pollux server start: error: argument --policy: invalid choice: "
+                                            f"'optimus' (choose from {live})")
+    assert not (service.state / "start.lock").exists()           # nothing was started
+    with pytest.raises(SystemExit) as exc:                        # --help: argparse prints and exits 0
+        main(["server", "start", "--help"])
+    assert exc.value.code == 0
+    assert f"--policy {{{','.join(policy_names(live=True))}}}" in capsys.readouterr().out
+
+
+def test_cluster_runtime_errors_exit_1_in_one_line(service, capsys, tmp_path):
+    nowhere = tmp_path / "nowhere"
+    code, out, err = run(capsys, service.args("submit", "--batch-size", "8", "--working-dir", str(nowhere),
+                                              "train.py"))
+    assert code == 1 and out == ""
+    assert err == f"pollux: error: --working-dir {nowhere}: no such folder\n"
+    token = service.state / "admin-token"                        # an unreadable file: an OSError
+    token.unlink()
+    token.mkdir()
+    code, out, err = run(capsys, service.args("ls"))
+    assert code == 1 and out == ""
+    assert err.startswith("pollux: error: ") and len(err.splitlines()) == 1, err
+    assert "Traceback" not in err and "usage:" not in err
+
+
 def test_server_status_summary(service, capsys):
     a = submit(service, capsys)
     submit(service, capsys)
@@ -551,5 +583,5 @@ def test_client_methods_and_errors(service):
 
 
 def test_cli_state_lists_match_the_store():
-    assert cli_cluster.JOB_STATES == JOB_STATES
-    assert cli_cluster.TERMINAL_STATES == TERMINAL_STATES
+    assert cluster_commands.JOB_STATES == JOB_STATES
+    assert cluster_commands.TERMINAL_STATES == TERMINAL_STATES

@@ -290,10 +290,10 @@ def test_cli_workload_generate(tmp_path, capsys):
     assert (tmp_path / "again.csv").read_bytes() == first
 
     bad = write_trace(tmp_path, "2017-10-09 03:00:00,60,1,x,c\n", name="bad.csv")
-    assert main(["workload", "generate", "--trace", str(bad), "--out", str(tmp_path / "o.csv")]) == 2
+    assert main(["workload", "generate", "--trace", str(bad), "--out", str(tmp_path / "o.csv")]) == 1
     err = capsys.readouterr().err
     assert "bad.csv:2: field 'gpu_time'" in err
     assert not (tmp_path / "o.csv").exists()
     assert main(["workload", "generate", "--trace", str(trace), "--jobs", "13",
-                 "--out", str(tmp_path / "o.csv")]) == 2
+                 "--out", str(tmp_path / "o.csv")]) == 1
     assert "only 12 job(s)" in capsys.readouterr().err

@@ -1,4 +1,6 @@
-"""The ``pollux`` command."""
+"""The ``pollux`` commands that need no service: ``goodput`` (the goodput model of the example jobs),
+``simulate`` (trace-driven simulation under scheduling policies) and ``workload generate``.
+"""
 
 from __future__ import annotations
 
@@ -6,16 +8,20 @@ import argparse
 import json
 import math
 import sys
-from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
+
+from pollux.cli.errors import CliError
+from pollux.cli.formatting import goodput_text
+from pollux.cli.parser import add_policy_option, command, fraction, positive_float, positive_int
 
 GPU_COUNTS = (1, 2, 4, 8, 16, 32, 64)
 GPUS_PER_NODE = 4
 
 
-def _goodput_rows(job, phase: str) -> list[dict[str, float]]:
+def _goodput_rows(job: Any, phase: str) -> list[dict[str, float]]:
     """Best batch per GPU count (packed 4 per node), with speedup over one GPU."""
     model = job.model(phase)
     replicas = np.array(GPU_COUNTS)
@@ -38,9 +44,8 @@ def cmd_goodput(args: argparse.Namespace) -> int:
     names = args.job or sorted(jobs)
     unknown = [n for n in names if n not in jobs]
     if unknown:
-        print(f"error: --job: unknown example job(s) {', '.join(unknown)}; "
-              f"choose from {', '.join(sorted(jobs))}", file=sys.stderr)
-        return 2
+        raise CliError(f"--job: unknown example job(s) {', '.join(unknown)}; "
+                       f"choose from {', '.join(sorted(jobs))}", usage=True)
     out = {}
     for name in names:
         job = jobs[name]
@@ -48,28 +53,18 @@ def cmd_goodput(args: argparse.Namespace) -> int:
             job.limits.init_batch_size), "rows": _goodput_rows(job, phase)} for phase in job.grad}
     if args.json:
         print(json.dumps(out))
-        return 0
-    for name in names:
-        job = jobs[name]
-        lim = job.limits
-        print(f"\n== {name}: {job.description}")
-        print(f"   M0={lim.init_batch_size:g}  max batch={lim.max_batch_size:g}  local batch "
-              f"{lim.min_local_bsz:g}..{lim.max_local_bsz:g}  accumulation on")
-        print(f"   source: {job.provenance}")
-        for phase, res in out[name].items():
-            print(f"\n   {phase} in training (epoch {res['epoch']}, gradient noise scale "
-                  f"{res['pgns']:.0f}):")
-            print(f"   {'GPUs':>5} {'nodes':>5} {'batch M':>8} {'local m':>8} {'accum s':>8} "
-                  f"{'efficiency':>10} {'goodput/s':>10} {'speedup':>8}")
-            for r in res["rows"]:
-                print(f"   {r['gpus']:>5} {r['nodes']:>5} {r['batch_size']:>8} {r['local_bsz']:>8} "
-                      f"{r['accum_steps']:>8} {r['efficiency']:>10.3f} {r['goodput']:>10.1f} "
-                      f"{r['speedup']:>7.2f}x")
-    print("\nEarly in training the true gradient is large next to its noise (a small noise scale):"
-          "\nbig batches waste examples, so the best batch stays small and extra GPUs barely help."
-          "\nLate in training the noise scale has grown, large batches are efficient and more GPUs"
-          "\npay off. Pollux re-tunes every job, and re-allocates the cluster, as this happens.")
+    else:
+        print(goodput_text(jobs, out))
     return 0
+
+
+def _profiles_dir(arg: str | None) -> Path:
+    from pollux.sim import defaults
+
+    profiles_dir = Path(arg) if arg else defaults.profiles_dir()
+    if not profiles_dir.is_dir():
+        raise CliError(f"--profiles {profiles_dir}: no such folder")
+    return profiles_dir
 
 
 def _workload_files(arg: str) -> list[Path]:
@@ -77,37 +72,31 @@ def _workload_files(arg: str) -> list[Path]:
     if path.is_dir():
         files = sorted(path.glob("*.csv"))
         if not files:
-            raise ValueError(f"--workload {arg}: folder holds no .csv workload")
+            raise CliError(f"--workload {arg}: folder holds no .csv workload")
         return files
     if not path.is_file():
-        raise ValueError(f"--workload {arg}: no such file or folder")
+        raise CliError(f"--workload {arg}: no such file or folder")
     return [path]
 
 
 def cmd_simulate(args: argparse.Namespace) -> int:
-    from pollux.policy.registry import POLICY_NAMES
+    from pollux.policy.registry import policy_names
     from pollux.sim import defaults
     from pollux.sim.engine import SimConfig
     from pollux.sim.report import finish_time_fairness, format_table, to_json, write_plots
     from pollux.sim.runner import RunSpec, _profiles, run_many
+    from pollux.sim.workload import read_workload
 
+    profiles_dir = _profiles_dir(args.profiles)
+    workloads = _workload_files(args.workload) if args.workload else [defaults.workload_file()]
+    policies = args.policy or list(policy_names(compare=True))
     try:
-        profiles_dir = Path(args.profiles) if args.profiles else defaults.profiles_dir()
-        if not profiles_dir.is_dir():
-            raise ValueError(f"--profiles {profiles_dir}: no such folder")
-        workloads = _workload_files(args.workload) if args.workload else [defaults.workload_file()]
-        policies = args.policy or ["pollux", "tiresias", "optimus"]
-        for name in policies:
-            if name not in POLICY_NAMES:
-                raise ValueError(f"--policy: unknown policy {name!r}; choose from {', '.join(POLICY_NAMES)}")
         config = SimConfig(interval=args.interval, interference=args.interference, seed=args.seed)
         profiles = _profiles(profiles_dir)
-        from pollux.sim.workload import read_workload
         for w in workloads:                      # validate every file before any long run starts
             read_workload(w, applications=profiles)
-    except (ValueError, FileNotFoundError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+    except ValueError as exc:                    # a malformed profile or workload, named in the message
+        raise CliError(str(exc)) from exc
     specs = [RunSpec(w, name, config) for w in workloads for name in policies]
     print(f"simulating {len(workloads)} workload(s) x {len(policies)} policy(ies) "
           f"({len(specs)} runs) on {config.num_nodes} x {config.gpus_per_node} GPUs ...", file=sys.stderr)
@@ -129,41 +118,33 @@ def cmd_simulate(args: argparse.Namespace) -> int:
 def cmd_workload(args: argparse.Namespace) -> int:
     from collections import Counter
 
-    from pollux.sim import defaults
     from pollux.sim.profiles import load_profiles
     from pollux.sim.workload import write_workload
     from pollux.sim.workload_gen import generate_workload
 
+    profiles_dir = _profiles_dir(args.profiles)
     try:
-        profiles_dir = Path(args.profiles) if args.profiles else defaults.profiles_dir()
-        if not profiles_dir.is_dir():
-            raise ValueError(f"--profiles {profiles_dir}: no such folder")
-        if args.jobs < 1:
-            raise ValueError(f"--jobs: must be >= 1, got {args.jobs}")
         jobs = generate_workload(Path(args.trace), load_profiles(profiles_dir), num_jobs=args.jobs,
                                  seed=args.seed)
-        out = Path(args.out)
-        out.parent.mkdir(parents=True, exist_ok=True)
-        write_workload(out, jobs)
-    except (ValueError, FileNotFoundError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+    except ValueError as exc:                    # a malformed trace or profile, named in the message
+        raise CliError(str(exc)) from exc
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    write_workload(out, jobs)
     apps = Counter(j.application for j in jobs)
     print(f"wrote {len(jobs)} jobs over {max(j.submit_time for j in jobs) / 3600:.2f} h to {out} "
           f"({', '.join(f'{a} {n}' for a, n in sorted(apps.items()))})", file=sys.stderr)
     return 0
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="pollux", description="Goodput-optimised, co-adaptive scheduling for deep learning.")
-    sub = parser.add_subparsers(dest="command", required=True)
+def add_sim_commands(sub: Any) -> None:
+    """Add ``goodput``, ``simulate`` and ``workload generate`` to the subcommands ``sub``."""
     p = sub.add_parser("goodput", help="walk through the goodput model of the example jobs",
                        description="Best batch size, accumulation, efficiency and speedup per GPU "
                                    "count, early and late in training, for the example jobs.")
     p.add_argument("--job", action="append", help="example job name (repeatable; default: all)")
     p.add_argument("--json", action="store_true", help="print JSON instead of tables")
-    p.set_defaults(func=cmd_goodput)
+    command(p, cmd_goodput)
 
     p = sub.add_parser("simulate", help="simulate workloads under scheduling policies",
                        description="Trace-driven simulation of a GPU cluster (16 x 4 GPUs) running "
@@ -172,18 +153,20 @@ def build_parser() -> argparse.ArgumentParser:
                    help="application profiles in the Pollux OSDI'21 format (default: built-in)")
     p.add_argument("--workload", metavar="FILE_OR_DIR",
                    help="workload CSV, or a folder of them (default: built-in demo workload)")
-    p.add_argument("--policy", action="append", metavar="NAME",
-                   help="pollux, tiresias, optimus or fifo (repeatable; default: the first three)")
+    add_policy_option(p, action="append", metavar="NAME",
+                      help="one of %(choices)s (repeatable; default: those the policy registry "
+                           "compares by default)")
     p.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
-    p.add_argument("--interval", type=float, default=60.0, help="scheduling interval, s (default 60)")
-    p.add_argument("--interference", type=float, default=0.0,
+    p.add_argument("--interval", type=positive_float, default=60.0,
+                   help="scheduling interval, s (default 60)")
+    p.add_argument("--interference", type=fraction, default=0.0,
                    help="slowdown of distributed jobs sharing a node, 0..1 (default 0)")
-    p.add_argument("--processes", type=int, default=None,
+    p.add_argument("--processes", type=positive_int, default=None,
                    help="parallel processes (default: one per run, at most the CPU count)")
     p.add_argument("--json", metavar="OUT", help="write results as JSON to OUT")
     p.add_argument("--plots", metavar="DIR", help="write PNG plots into DIR")
     p.add_argument("--quiet", action="store_true", help="no progress output")
-    p.set_defaults(func=cmd_simulate)
+    command(p, cmd_simulate)
 
     p = sub.add_parser("workload", help="generate workloads from a job trace",
                        description="Workload tools (SPEC §7 format: name,time,application,num_replicas,"
@@ -194,24 +177,9 @@ def build_parser() -> argparse.ArgumentParser:
                                     "(timestamp,duration,num_gpus,gpu_time), map them to applications by "
                                     "GPU time and give each a TunedJobs (replicas, batch) configuration.")
     g.add_argument("--trace", required=True, metavar="FILE", help="Philly-format trace CSV")
-    g.add_argument("--jobs", type=int, default=160, help="number of jobs (default 160)")
+    g.add_argument("--jobs", type=positive_int, default=160, help="number of jobs (default 160)")
     g.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
     g.add_argument("--profiles", metavar="DIR",
                    help="application profiles for the TunedJobs configurations (default: built-in)")
     g.add_argument("--out", required=True, metavar="FILE", help="workload CSV to write")
-    g.set_defaults(func=cmd_workload)
-
-    from pollux.cli_cluster import add_cluster_commands
-
-    add_cluster_commands(sub)
-    return parser
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    return int(args.func(args))
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+    command(g, cmd_workload)

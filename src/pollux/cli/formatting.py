@@ -1,13 +1,14 @@
-"""Text of the live-service commands of ``pollux``: tables, durations, ``describe``, log following,
-and the escaping of control characters.
+"""Text of the ``pollux`` commands: tables, durations, ``describe``, ``server status``, the goodput
+walk-through, log following, and the escaping of control characters.
 
-Every human-readable line the CLI prints passes what came from the service (job names, arguments,
-failure reasons, node names, error details) through :func:`escape`: control characters, the Unicode
-line and bidirectional-override characters and lone surrogates print as visible escapes (``\\n``,
-``\\x1b``, ``\\u202e``), so a job named ``"a\\n\\x1b[31mb"`` can neither break a table nor recolour or
-rewrite the terminal. Backslashes are left as they are. ``--json`` output is JSON (every control
-character escaped by the encoder). ``pollux logs`` prints a job's own output as it is when piped, and
-with the same escaping (tabs and newlines kept) on a terminal; ``--raw`` prints it as it is there too.
+Every human-readable line the CLI prints passes what came from the service or the store (job names,
+arguments, failure reasons, node names, error details) through :func:`escape`: control characters, the
+Unicode line and bidirectional-override characters and lone surrogates print as visible escapes
+(``\\n``, ``\\x1b``, ``\\u202e``), so a job named ``"a\\n\\x1b[31mb"`` can neither break a table nor
+recolour or rewrite the terminal. Backslashes are left as they are. ``--json`` output is JSON (every
+control character escaped by the encoder). ``pollux logs`` prints a job's own output as it is when
+piped, and with the same escaping (tabs and newlines kept) on a terminal; ``--raw`` prints it as it
+is there too.
 """
 
 from __future__ import annotations
@@ -17,8 +18,13 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-__all__ = ["LogFollower", "alloc", "describe_text", "duration", "escape", "escape_lines", "escape_log",
-           "runtime", "table", "when"]
+__all__ = ["JOB_STATES", "TERMINAL_STATES", "LogFollower", "alloc", "describe_text", "duration", "escape",
+           "escape_lines", "escape_log", "goodput_text", "num", "runtime", "status_text", "table", "when"]
+
+#: Job states of the live service (the same as ``pollux.cluster.store.JOB_STATES``, kept here so that
+#: building the parser imports nothing heavy; a test checks that they agree).
+JOB_STATES = ("pending", "starting", "running", "rescaling", "succeeded", "failed", "cancelled")
+TERMINAL_STATES = frozenset({"succeeded", "failed", "cancelled"})
 
 #: Characters that must never reach a terminal raw: C0 and C1 controls, DEL, the Unicode line and
 #: paragraph separators, bidirectional marks and overrides, and lone surrogates.
@@ -174,6 +180,89 @@ def describe_text(job: dict[str, Any]) -> str:
         tp = hints.get("throughput") or {}
         if tp:
             kv("throughput", ", ".join(f"{k}={num(v)}" for k, v in tp.items()))
+    return "\n".join(out)
+
+
+def status_text(st: dict[str, Any]) -> str:
+    """``pollux server status``: the service's processes, Ray's health, nodes, policy and job counts."""
+    ray_down = st["ray_healthy"] is False
+    out: list[str] = []
+    if not st["service_alive"]:
+        out.append(f"no Pollux service runs from {escape(st['state_dir'])}")
+        if st["rayhost_alive"]:
+            health = f"; Ray is DOWN: {escape(st['ray_error'])}" if ray_down else ""
+            out.append(f"  (its Ray host still runs, PID {st['rayhost_pid']}{health}; `pollux server start` "
+                       "reuses it or replaces it)")
+        elif ray_down and st["rayhost_pid"]:
+            out.append(f"  (its Ray host, PID {st['rayhost_pid']}, is not running either)")
+        return "\n".join(out)
+    if not st["api_ok"]:
+        health = "NOT answering"
+    elif ray_down:
+        health = "DEGRADED: its Ray cluster is down"
+    else:
+        health = "healthy"
+    out.append(f"Pollux service: running, {health}")
+    out.append(f"  URL           {escape(st['url'] or '-')}")
+    out.append(f"  service PID   {st['service_pid']}")
+    address = escape(st.get("ray_address") or "-")
+    if st.get("rayhost_pid"):
+        alive = "alive" if st["rayhost_alive"] else "NOT running"
+        out.append(f"  Ray           {address} (host PID {st['rayhost_pid']}, {alive})")
+    else:
+        out.append(f"  Ray           {address}")
+    if ray_down:
+        out.append(f"  Ray health    DOWN: {escape(st['ray_error'])}")
+    elif st["ray_healthy"]:
+        out.append(f"  Ray health    ok ({st.get('ray_nodes', '?')} node(s) alive)")
+    if st.get("run_as"):
+        out.append(f"  replicas run  as {escape(st['run_as'])}")
+    out.append(f"  state dir     {escape(st['state_dir'])}")
+    if "error" in st:
+        out.append(f"  error         {escape(st['error'])}")
+    cluster = st.get("cluster")
+    if isinstance(cluster, dict) and "nodes" in cluster:
+        nodes = cluster["nodes"]
+        total = cluster.get("total_gpus", sum(n.get("gpus", 0) for n in nodes))
+        out.append(f"  nodes         {len(nodes)} node(s), {escape(total)} GPU slot(s): "
+                   + (", ".join(f"{escape(n.get('name'))}:{escape(n.get('gpus'))}" for n in nodes) or "-"))
+        every = escape(num(cluster.get("interval_s")))
+        out.append(f"  policy        {escape(cluster.get('policy'))}, rounds every {every} s, "
+                   f"{escape(cluster.get('rounds'))} round(s) run")
+    jobs = st.get("jobs")
+    if isinstance(jobs, dict):
+        counts = [f"{escape(jobs[s])} {s}" for s in JOB_STATES if jobs.get(s)]
+        out.append(f"  jobs          {', '.join(counts) if counts else 'none'}")
+    return "\n".join(out)
+
+
+def goodput_text(jobs: dict[str, Any], results: dict[str, dict[str, Any]]) -> str:
+    """``pollux goodput``: per example job and phase, the best batch per GPU count, and what it shows.
+
+    ``jobs`` are the example jobs (:func:`pollux.goodput.examples.load_example_jobs`), ``results`` what
+    ``pollux goodput --json`` prints for those shown: ``{name: {phase: {epoch, pgns, rows}}}``.
+    """
+    out: list[str] = []
+    for name, phases in results.items():
+        job = jobs[name]
+        lim = job.limits
+        out.append(f"\n== {name}: {job.description}")
+        out.append(f"   M0={lim.init_batch_size:g}  max batch={lim.max_batch_size:g}  local batch "
+                   f"{lim.min_local_bsz:g}..{lim.max_local_bsz:g}  accumulation on")
+        out.append(f"   source: {job.provenance}")
+        for phase, res in phases.items():
+            out.append(f"\n   {phase} in training (epoch {res['epoch']}, gradient noise scale "
+                       f"{res['pgns']:.0f}):")
+            out.append(f"   {'GPUs':>5} {'nodes':>5} {'batch M':>8} {'local m':>8} {'accum s':>8} "
+                       f"{'efficiency':>10} {'goodput/s':>10} {'speedup':>8}")
+            for r in res["rows"]:
+                out.append(f"   {r['gpus']:>5} {r['nodes']:>5} {r['batch_size']:>8} {r['local_bsz']:>8} "
+                           f"{r['accum_steps']:>8} {r['efficiency']:>10.3f} {r['goodput']:>10.1f} "
+                           f"{r['speedup']:>7.2f}x")
+    out.append("\nEarly in training the true gradient is large next to its noise (a small noise scale):"
+               "\nbig batches waste examples, so the best batch stays small and extra GPUs barely help."
+               "\nLate in training the noise scale has grown, large batches are efficient and more GPUs"
+               "\npay off. Pollux re-tunes every job, and re-allocates the cluster, as this happens.")
     return "\n".join(out)
 
 
