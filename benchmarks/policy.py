@@ -34,7 +34,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from pollux.goodput import BatchLimits, GoodputModel, GradStats, fit_throughput
-from pollux.policy.base import Cluster, JobView, to_matrix
+from pollux.policy.base import Cluster, JobView, to_matrix, with_allocation
 from pollux.policy.pollux import PolluxPolicy, PolluxProblem, _utility
 from trace_rows import read_throughput_rows
 
@@ -166,7 +166,7 @@ def warm_inputs(profiles: dict, seed: int, num_jobs: int, cluster: Cluster, warm
     policy = PolluxPolicy()
     state = None
     for _ in range(warm_rounds):
-        new, state = policy.decide(jobs, cluster, alloc, state, now, rng)
+        new, state = policy.decide(with_allocation(jobs, alloc), cluster, state, now, rng)
         jobs = advance(jobs, alloc, new, 60.0)
         alloc, now = new, now + 60.0
         jobs, alloc = churn(profiles, rng, jobs, alloc, now, cluster)
@@ -194,9 +194,8 @@ def greedy_baseline(prob: PolluxProblem, start: np.ndarray) -> np.ndarray:
     n = np.count_nonzero(a, axis=1)
     u_now = _utility(prob.job_speedups(prob.stack([a]))[:, 0], p)
     own_free = (a > 0).astype(np.int64) @ free
-    owner = prob._owners(a) if prob.interference else np.full(prob.num_nodes, -1)
+    owner = prob.owners(a) if prob.interference else np.full(prob.num_nodes, -1)
     blocked = ~prob.movable.copy()
-    width = prob.rt_max + 1
     while free.sum() > 0:
         elig = owner < 0
         best_elig = int(np.argmax(np.where(elig, free, -1)))
@@ -208,8 +207,8 @@ def greedy_baseline(prob: PolluxProblem, start: np.ndarray) -> np.ndarray:
         ok &= inplace | (r == 0) | (elig_ok & (n + 1 <= prob.max_nodes))
         if not ok.any():
             break
-        idx = prob.base + np.minimum(n_new, prob.nt_max) * width + np.minimum(r + 1, prob.rt_max)
-        gain = np.where(ok, _utility(prob.flat[idx] * prob.pen, p) - u_now, -np.inf)
+        s_new = prob.lookup(np.arange(prob.num_jobs), n_new, r + 1)
+        gain = np.where(ok, _utility(s_new * prob.pen, p) - u_now, -np.inf)
         j = int(np.argmax(gain))
         if gain[j] <= 0:
             break
@@ -236,10 +235,7 @@ def greedy_baseline(prob: PolluxProblem, start: np.ndarray) -> np.ndarray:
         n[j] = np.count_nonzero(row)
         if prob.interference and n[j] > 1:
             owner[row > 0] = j
-        s = prob.table[j, min(int(n[j]), prob.nt_max), min(int(r[j]), prob.rt_max)]
-        if not np.array_equal(row, prob.cur[j]):
-            s = s * prob.pen[j]
-        u_now[j] = _utility(s, p)
+        u_now[j] = _utility(prob.row_speedup(j, row), p)
     return a
 
 
@@ -248,7 +244,7 @@ def greedy_reference(policy: PolluxPolicy, jobs, cluster, alloc) -> tuple[float,
     start = time.perf_counter()
     best = -np.inf
     for from_current in (False, True):
-        prob = policy.problem(jobs, cluster, alloc)
+        prob = policy.problem(with_allocation(jobs, alloc), cluster)
         s = prob.cur if from_current else np.where(prob.pinned[:, None], prob.cur, 0)
         a = greedy_baseline(prob, s)
         best = max(best, prob.fitness(a))
@@ -263,14 +259,15 @@ def greedy_reference(policy: PolluxPolicy, jobs, cluster, alloc) -> tuple[float,
 def measure(policy_factory, jobs, cluster, alloc, state, now, seeds) -> dict[str, list[float]]:
     """Wall and CPU time and fitness of one decide per seed, each with a fresh policy (cold cache)."""
     out: dict[str, list[float]] = {"wall": [], "cpu": [], "fitness": []}
+    views = with_allocation(jobs, alloc)
     for seed in seeds:
         policy = policy_factory()
         rng = np.random.default_rng(seed)
         w0, c0 = time.perf_counter(), time.process_time()
-        alloc_out, _ = policy.decide(jobs, cluster, alloc, state, now, rng)
+        alloc_out, _ = policy.decide(views, cluster, state, now, rng)
         out["wall"].append(time.perf_counter() - w0)
         out["cpu"].append(time.process_time() - c0)
-        prob = policy.problem(jobs, cluster, alloc)
+        prob = policy.problem(views, cluster)
         out["fitness"].append(prob.fitness(to_matrix(alloc_out, prob.job_ids, cluster)))
     return out
 
@@ -278,11 +275,12 @@ def measure(policy_factory, jobs, cluster, alloc, state, now, seeds) -> dict[str
 def warm_cache_time(jobs, cluster, alloc, state, now, repeats: int) -> float:
     """Median wall time of a round whose speedup tables are all cached (no model changed)."""
     policy = PolluxPolicy()
-    policy.decide(jobs, cluster, alloc, state, now, np.random.default_rng(0))
+    views = with_allocation(jobs, alloc)
+    policy.decide(views, cluster, state, now, np.random.default_rng(0))
     times = []
     for seed in range(repeats):
         t0 = time.perf_counter()
-        policy.decide(jobs, cluster, alloc, state, now, np.random.default_rng(100 + seed))
+        policy.decide(views, cluster, state, now, np.random.default_rng(100 + seed))
         times.append(time.perf_counter() - t0)
     return float(np.median(times))
 

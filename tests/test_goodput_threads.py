@@ -15,9 +15,9 @@ from pollux.goodput import BatchLimits, GoodputModel, GradStats, ThroughputParam
 from pollux.goodput import model as model_module
 from pollux.goodput.threads import limit_blas_threads, one_blas_thread
 from pollux.policy import base as policy_base
-from pollux.policy import pollux as pollux_module
 from pollux.policy.base import Cluster, JobView
 from pollux.policy.pollux import PolluxPolicy
+from pollux.policy.pollux import problem as pollux_module
 
 # (``pollux.goodput.throughput`` the attribute is the function of that name.)
 throughput_module = importlib.import_module("pollux.goodput.throughput")
@@ -86,7 +86,7 @@ def test_a_pollux_round_runs_with_one_blas_thread(two_blas_threads, monkeypatch)
     limits = BatchLimits(32.0, max_batch_size=1024.0, min_local_bsz=8.0, max_local_bsz=64.0)
     jobs = [JobView(id=f"j{i}", submit_time=float(i), model=GoodputModel(params, GradStats(1.0, 1.0), 32.0),
                     limits=limits) for i in range(2)]
-    PolluxPolicy().decide(jobs, Cluster.uniform(2, 4), {}, None, 0.0, np.random.default_rng(0))
+    PolluxPolicy().decide(jobs, Cluster.uniform(2, 4), None, 0.0, np.random.default_rng(0))
     assert seen and all(s == {1} for s in seen)
 
 

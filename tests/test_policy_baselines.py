@@ -13,11 +13,11 @@ from pollux.policy.base import (
     JobView,
     Oracle,
     check_allocation,
-    decode_state,
-    encode_state,
 )
-from pollux.policy.fifo import FifoPolicy, place_packed
+from pollux.policy.baseline import settle
+from pollux.policy.fifo import FifoPolicy
 from pollux.policy.optimus import OptimusPolicy
+from pollux.policy.placement import packed_shape, place, place_packed, place_spread
 from pollux.policy.tiresias import TiresiasPolicy, gittins_index
 
 RNG = np.random.default_rng(0)
@@ -38,8 +38,7 @@ def oracle_job(jid: str, t: float, steps, remaining: float = 1000.0, max_replica
 
 
 def decide(policy, jobs, cluster, state=None, now=0.0):
-    alloc = {j.id: dict(j.allocation) for j in jobs if j.allocation}
-    out, new_state = policy.decide(jobs, cluster, alloc, state, now, RNG)
+    out, new_state = policy.decide(jobs, cluster, state, now, RNG)
     check_allocation(out, cluster)
     return out, new_state
 
@@ -96,11 +95,10 @@ def drive(policy, cluster: Cluster, specs: list[dict], rounds: int, dt: float = 
                 oracle=Oracle(remaining_iterations=max(s["work"] - service[s["id"]], 0.0) / 10,
                               step_time=np.asarray([math.inf, *s["steps"]])),
             ))
-        current = {v.id: dict(v.allocation) for v in views if v.allocation}
         if codec_at is not None and k == codec_at and state is not None:
-            state = decode_state(json.loads(json.dumps(encode_state(state))))
-        alloc, state = policy.decide(views, cluster, current, state, now, np.random.default_rng(k))
-        json.dumps(encode_state(state))  # always serialisable
+            state = json.loads(json.dumps(state))
+        alloc, state = policy.decide(views, cluster, state, now, np.random.default_rng(k))
+        json.dumps(state)  # always serialisable as it is
         history.append((views, cluster, alloc, state))
         for jid, row in alloc.items():
             service[jid] += n_gpus(row) * dt
@@ -163,9 +161,8 @@ def test_deterministic_and_independent_of_input_order(name):
         for views, cl, _, _ in a[::5]:
             prev_state = None
             policy = POLICIES[name]()
-            current = {v.id: dict(v.allocation) for v in views if v.allocation}
-            fwd = policy.decide(views, cl, current, prev_state, 0.0, np.random.default_rng(1))
-            rev = policy.decide(views[::-1], cl, current, prev_state, 0.0, np.random.default_rng(2))
+            fwd = policy.decide(views, cl, prev_state, 0.0, np.random.default_rng(1))
+            rev = policy.decide(views[::-1], cl, prev_state, 0.0, np.random.default_rng(2))
             assert fwd == rev
 
 
@@ -185,9 +182,8 @@ def test_inputs_are_not_mutated():
     jobs = [rigid("a", 0, 4, service=2 * H, alloc={"node-0": 4}), rigid("b", 1, 2)]
     state = {"queues": [["x"]], "offsets": {}, "samples": [1.0], "service": {"x": 5.0}}
     snapshot = json.dumps(state)
-    alloc = {"a": {"node-0": 4}}
-    TiresiasPolicy(threshold_gpu_s=H, gittins=True).decide(jobs, cluster, alloc, state, 0.0, RNG)
-    assert json.dumps(state) == snapshot and alloc == {"a": {"node-0": 4}}
+    TiresiasPolicy(threshold_gpu_s=H, gittins=True).decide(jobs, cluster, state, 0.0, RNG)
+    assert json.dumps(state) == snapshot and dict(jobs[0].allocation) == {"node-0": 4}
 
 
 # --------------------------------------------------------------------------------------------
@@ -202,6 +198,40 @@ def test_place_packed_uses_fewest_nodes():
     assert place_packed(3, np.array([1, 1, 1])).tolist() == [1, 1, 1]
     assert place_packed(4, np.array([1, 2])) is None
     assert place_packed(0, np.array([1, 2])).tolist() == [0, 0]
+
+
+def test_placements_of_the_one_placement_module():
+    assert place_spread(4, np.array([4, 4, 4, 4])).tolist() == [1, 1, 1, 1]
+    assert place_spread(3, np.array([2, 0, 3])).tolist() == [1, 0, 2]
+    assert place_spread(5, np.array([2, 2])) is None
+    assert place(4, np.array([4, 4]), "packed").tolist() == [4, 0]
+    assert place(4, np.array([4, 4]), "spread").tolist() == [2, 2]
+    # The simulator's packed shape on an empty cluster is the packed placement.
+    assert packed_shape(10) == [4, 4, 2] and packed_shape(3, 8) == [3] and packed_shape(16, 8) == [8, 8]
+    for gpus in range(1, 20):
+        assert packed_shape(gpus, 4) == [g for g in place_packed(gpus, np.full(8, 4)).tolist() if g]
+    with pytest.raises(ValueError, match="placement"):
+        place(1, np.array([1]), "diagonal")
+    with pytest.raises(ValueError, match="gpus"):
+        packed_shape(0)
+
+
+def test_settle_pinned_then_kept_then_placed():
+    """The baselines' skeleton: pinned rows first, unchanged rows kept, the rest placed in order;
+    a pinned row that no longer fits is placed again first; ``block`` stops at the first misfit."""
+    cur = {"p": np.array([2, 0]), "k": np.array([0, 2]), "m": np.array([1, 0]), "n": np.array([0, 0]),
+           "q": np.array([0, 0])}
+    rows = settle(cur, np.array([4, 4]), ["p"], {"k": 2, "m": 3, "n": 1, "q": 9},
+                  ["k", "m", "n"], ["m", "n"], "packed")
+    assert {j: r.tolist() for j, r in rows.items()} == {"p": [2, 0], "k": [0, 2], "m": [2, 1],
+                                                        "n": [0, 1]}
+    # Node 0 shrank to 1 GPU: the pinned row no longer fits and is placed again, before the others.
+    rows = settle(cur, np.array([1, 4]), ["p"], {"k": 2, "m": 1, "n": 1, "q": 9}, ["k"], ["q", "m"],
+                  "packed", block=True)
+    assert {j: r.tolist() for j, r in rows.items()} == {"k": [0, 2], "p": [0, 2]}
+    rows = settle(cur, np.array([1, 4]), ["p"], {"k": 2, "m": 1, "n": 1, "q": 9}, ["k"], ["q", "m"],
+                  "packed")
+    assert {j: r.tolist() for j, r in rows.items()} == {"k": [0, 2], "p": [0, 2], "m": [1, 0]}
 
 
 # --------------------------------------------------------------------------------------------

@@ -7,6 +7,7 @@ import json
 import numpy as np
 import pytest
 
+from policy_oracles import growth_options, random_model
 from pollux.goodput import (
     BatchLimits,
     GoodputModel,
@@ -23,27 +24,15 @@ from pollux.policy.base import (
     decode_state,
     encode_state,
     to_matrix,
+    with_allocation,
 )
-from pollux.policy.pollux import PolluxPolicy, _FillState, _utility
+from pollux.policy.pollux import FillState, PolluxPolicy, _utility
+from pollux.policy.pollux.fill import best_option, greedy, place_growth
+from pollux.policy.pollux.local import local_search
 
 # --------------------------------------------------------------------------------------------
 # Helpers
 # --------------------------------------------------------------------------------------------
-
-
-def random_model(rng: np.random.Generator) -> tuple[GoodputModel, BatchLimits]:
-    def lu(lo: float, hi: float) -> float:
-        return float(np.exp(rng.uniform(np.log(lo), np.log(hi))))
-
-    params = ThroughputParams(
-        alpha_grad=lu(1e-3, 0.3), beta_grad=lu(1e-6, 5e-2), alpha_local=lu(1e-3, 0.3),
-        beta_local=lu(1e-5, 2e-2), alpha_node=lu(1e-2, 1.5), beta_node=lu(1e-4, 2e-2),
-        gamma=float(rng.uniform(1.0, 3.0)),
-    )
-    m0 = float(rng.choice([8, 12, 20, 128, 200, 256]))
-    limits = BatchLimits(m0, max_batch_size=32 * m0, min_local_bsz=max(1.0, m0 / 4),
-                         max_local_bsz=2 * m0, accumulation=True)
-    return GoodputModel(params, GradStats(lu(1e-4, 10.0), lu(1e-2, 50.0)), m0), limits
 
 
 def random_case(seed: int, *, uniform: bool = True, max_nodes: int = 6, max_jobs: int = 14,
@@ -146,7 +135,8 @@ def job(jid: str, model_limits=None, **kw) -> JobView:
 
 
 def decide(policy, jobs, cluster, alloc, state=None, seed: int = 0):
-    return policy.decide(jobs, cluster, alloc, state, 0.0, np.random.default_rng(seed))
+    """One round with the current allocation ``alloc`` (held by the views it names)."""
+    return policy.decide(with_allocation(jobs, alloc), cluster, state, 0.0, np.random.default_rng(seed))
 
 
 # --------------------------------------------------------------------------------------------
@@ -189,7 +179,7 @@ def test_repair_rules_vectorised() -> None:
         job("c", attained_service=3.0, max_replicas_seen=1, max_replicas=64),   # cap 2
         job("d", attained_service=4.0, min_replicas=3),
     ]
-    prob = PolluxPolicy().problem(jobs, cluster, {})
+    prob = PolluxPolicy().problem(jobs, cluster)
     assert prob.job_ids == ["a", "b", "c", "d"]
     mats = [
         # a and b both distributed over nodes 0 and 1: b loses its replicas there.
@@ -209,15 +199,15 @@ def test_repair_rules_vectorised() -> None:
 @pytest.mark.parametrize("seed", range(10))
 def test_greedy_and_local_search_stay_feasible(seed: int) -> None:
     jobs, cluster, alloc = random_case(300 + seed, max_nodes=8, max_jobs=16)
-    prob = PolluxPolicy(max_nodes_per_job=1 + seed % 3).problem(jobs, cluster, alloc)
+    prob = PolluxPolicy(max_nodes_per_job=1 + seed % 3).problem(with_allocation(jobs, alloc), cluster)
     rng = np.random.default_rng(seed)
     pop = prob.repair(prob.stack([prob.cur, rng.integers(0, 5, size=prob.cur.shape)]))
     for i in range(pop.shape[1]):
         a = prob.unstack(pop, i)
         assert prob.feasible(a)
         for loose in (False, True):
-            assert prob.feasible(prob.greedy(a, loose=loose))
-        b, f, _ = prob.local_search(a, rng, 6, 0.3, 8, 8)
+            assert prob.feasible(greedy(prob, a, loose=loose))
+        b, f, _ = local_search(prob, a, rng, 6, 0.3, 8, 8)
         assert prob.feasible(b) and f == pytest.approx(prob.fitness(b)) and f >= prob.fitness(a)
     over = prob.cur.copy()
     over[:, 0] += prob.cap[0] + 1
@@ -231,7 +221,7 @@ def test_tables_match_the_goodput_core() -> None:
     cluster = Cluster.uniform(16, 4)
     jobs = [job(f"j{i}", random_model(rng), max_replicas_seen=int(s)) for i, s in enumerate([1, 4, 8, 32])]
     jobs.append(job("none", max_replicas_seen=4))
-    prob = PolluxPolicy(table_cache=0).problem(jobs, cluster, {})
+    prob = PolluxPolicy(table_cache=0).problem(jobs, cluster)
     assert prob.fair == fair_share(16, 4, 5) == (1, 13)
     for j, jv in enumerate(prob.jobs):
         cap = int(prob.max_replicas[j])
@@ -253,13 +243,14 @@ def test_greedy_placement_predictions_match_placement() -> None:
     seen = {"none": 0, "gain": 0, "no gain": 0}
     for seed in range(12):
         jobs, cluster, alloc = random_case(200 + seed, max_nodes=8, max_jobs=10)
-        prob = PolluxPolicy(max_nodes_per_job=int(rng.integers(1, 4))).problem(jobs, cluster, alloc)
+        policy = PolluxPolicy(max_nodes_per_job=int(rng.integers(1, 4)))
+        prob = policy.problem(with_allocation(jobs, alloc), cluster)
         a = prob.repair_one(prob.cur)
-        st = _FillState(prob.cap - a.sum(axis=0), prob._owners(a), prob.interference)
+        st = FillState(prob.cap - a.sum(axis=0), prob.owners(a), prob.interference)
         for j in np.flatnonzero(prob.movable):
-            ks, ns, modes, vals = prob._options(a, int(j), st)
+            ks, ns, modes, vals = growth_options(prob, a, int(j), st)
             for k, n, mode, val in zip(ks, ns, modes, vals, strict=True):
-                row = prob._place(a, int(j), int(k), int(mode), st)
+                row = place_growth(prob, a, int(j), int(k), int(mode), st)
                 assert row is not None
                 r = int(a[j].sum()) + int(k)
                 assert int(row.sum()) == r
@@ -268,7 +259,7 @@ def test_greedy_placement_predictions_match_placement() -> None:
                 assert val == prob.table[j, int(n), r]
             # The greedy's fast scalar loop picks the same best option as the vectorised table.
             u_now = float(_utility(prob.matrix_speedups(a)[j], prob.p))
-            g, k, mode = prob._best_option(a, int(j), st, u_now)
+            g, k, mode = best_option(prob, a, int(j), st, u_now)
             if not ks.size:
                 # No way to grow the job: no option at all, so the greedy drops it.
                 assert (g, k, mode) == (0.0, 0, 0)
@@ -299,8 +290,8 @@ def test_same_seed_same_result_and_seeds_matter() -> None:
     out1, st1 = decide(policy, jobs, cluster, alloc, seed=11)
     out2, st2 = decide(PolluxPolicy(population=30, generations=20), jobs, cluster, alloc, seed=11)
     assert out1 == out2
-    assert json.dumps(encode_state(st1)) == json.dumps(encode_state(st2))
-    states = {json.dumps(encode_state(decide(policy, jobs, cluster, alloc, seed=s)[1])) for s in range(4)}
+    assert json.dumps(st1) == json.dumps(st2)
+    states = {json.dumps(decide(policy, jobs, cluster, alloc, seed=s)[1]) for s in range(4)}
     assert len(states) > 1
 
 
@@ -308,22 +299,21 @@ def test_state_round_trip_and_remap() -> None:
     jobs, cluster, alloc = random_case(5, max_nodes=5, max_jobs=10)
     policy = PolluxPolicy(population=20, generations=10)
     out, state = decide(policy, jobs, cluster, alloc, seed=1)
-    raw = json.loads(json.dumps(encode_state(state)))
-    back = decode_state(raw)
+    back = json.loads(json.dumps(state))         # the state is JSON as it is
     a, sa = decide(policy, jobs, cluster, out, state, seed=2)
     b, sb = decide(policy, jobs, cluster, out, back, seed=2)
     assert a == b
-    assert json.dumps(encode_state(sa)) == json.dumps(encode_state(sb))
+    assert json.dumps(sa) == json.dumps(sb)
 
     # The carried population lands on the same (job id, node id) cells after jobs and nodes change.
-    prob = policy.problem(jobs, cluster, out)
+    prob = policy.problem(with_allocation(jobs, out), cluster)
     carried = prob.remap(back, 100)
     first = {(jid, node): int(carried[j, 0, n]) for j, jid in enumerate(prob.job_ids)
              for n, node in enumerate(cluster.nodes) if carried[j, 0, n] > 0}
     gone_job, gone_node = prob.job_ids[0], cluster.nodes[-1]
     new_cluster = Cluster((*cluster.nodes[:-1], "extra"), (*cluster.gpus[:-1], 4))
     new_jobs = [j for j in jobs if j.id != gone_job] + [job("newcomer", age_s=60.0)]
-    prob2 = policy.problem(new_jobs, new_cluster, {})
+    prob2 = policy.problem(new_jobs, new_cluster)
     carried2 = prob2.remap(back, 100)
     assert carried2.shape[1] == carried.shape[1]
     second = {(jid, node): int(carried2[j, 0, n]) for j, jid in enumerate(prob2.job_ids)
@@ -335,11 +325,30 @@ def test_state_round_trip_and_remap() -> None:
     assert_feasible(out3, new_jobs, new_cluster, {})
 
 
+def test_state_is_json_with_encoded_arrays_and_decoded_state_is_accepted() -> None:
+    """The state is JSON as it is (arrays as tagged base64, the format the store wrote before issue 11,
+    so old rows read back the same); a decoded state (numpy arrays) is accepted too."""
+    jobs, cluster, alloc = random_case(5, max_nodes=5, max_jobs=10)
+    policy = PolluxPolicy(population=20, generations=10)
+    out, state = decide(policy, jobs, cluster, alloc, seed=1)
+    assert json.loads(json.dumps(state, allow_nan=False)) == state
+    assert set(state["gpus"]) == {"__ndarray__", "dtype", "shape"}
+    assert encode_state(decode_state(state)) == state
+    decoded = decode_state(state)
+    assert isinstance(decoded["gpus"], np.ndarray) and decoded["gpus"].size > 0
+    a, sa = decide(policy, jobs, cluster, out, state, seed=2)
+    b, sb = decide(policy, jobs, cluster, out, decoded, seed=2)
+    assert a == b and json.dumps(sa) == json.dumps(sb)
+
+
 def test_bad_or_foreign_state_is_ignored() -> None:
     jobs, cluster, alloc = random_case(9)
     policy = PolluxPolicy(population=10, generations=5)
+    bad_blob = {"__ndarray__": "not base64!", "dtype": "int32", "shape": [3]}
     for state in ({}, {"version": 99}, {"version": 1, "size": 3}, {"version": 1, "size": "x",
-                                                                    "job_ids": [], "node_ids": []}):
+                                                                    "job_ids": [], "node_ids": []},
+                  {"version": 1, "size": 1, "job_ids": [], "node_ids": [], "gpus": bad_blob},
+                  ["not", "a", "dict"], "text"):
         out, _ = decide(policy, jobs, cluster, alloc, state)
         assert_feasible(out, jobs, cluster, alloc)
 
@@ -363,7 +372,7 @@ def test_scaling_job_gets_more_gpus() -> None:
     """2 jobs on one node of 4 GPUs: the linearly scaling job gets 3, the flat one 1."""
     cluster = Cluster.uniform(1, 4)
     jobs = [job("flat", flat_model()), job("lin", linear_model())]
-    prob = PolluxPolicy().problem(jobs, cluster, {})
+    prob = PolluxPolicy().problem(jobs, cluster)
     lin = prob.job_ids.index("lin")
     flat = prob.job_ids.index("flat")
     assert prob.table[lin, 1, 4] > 1.9 * prob.table[lin, 1, 2]          # linear
@@ -372,7 +381,7 @@ def test_scaling_job_gets_more_gpus() -> None:
         policy = PolluxPolicy(p=p)
         out, state = decide(policy, jobs, cluster, {})
         assert out == {"lin": {"node-0": 3}, "flat": {"node-0": 1}}, p
-        prob_p = policy.problem(jobs, cluster, {})
+        prob_p = policy.problem(jobs, cluster)
         assert state["fitness"] == pytest.approx(prob_p.fitness(to_matrix(out, prob_p.job_ids, cluster)))
 
 
@@ -382,13 +391,13 @@ def test_fitness_matches_formula() -> None:
     jobs = [job("a", age_s=90.0, restarts=1, allocation={"node-0": 2}),
             job("b", age_s=10.0), job("c", age_s=1e6, allocation={"node-1": 1})]
     alloc = {"a": {"node-0": 2}, "c": {"node-1": 1}}
-    prob = PolluxPolicy(p=-1.0).problem(jobs, cluster, alloc)
+    prob = PolluxPolicy(p=-1.0).problem(with_allocation(jobs, alloc), cluster)
     # No models: speedup = replicas / fair replicas (ceil(8/3) = 3) × d·num_nodes (2/8).
     cand = {"a": {"node-0": 3}, "b": {"node-1": 1}, "c": {"node-1": 1}}
     s = {"a": 3 / 3 * 0.25 * (90 - 30) / (90 + 30), "b": 1 / 3 * 0.25 * 10 / 40, "c": 1 / 3 * 0.25}
     want = 3 / sum(1 / (v + 1e-3) for v in s.values())
     assert prob.fitness(to_matrix(cand, prob.job_ids, cluster)) == pytest.approx(want)
-    geo = PolluxPolicy(p=0.0).problem(jobs, cluster, alloc)
+    geo = PolluxPolicy(p=0.0).problem(with_allocation(jobs, alloc), cluster)
     want0 = float(np.exp(np.mean([np.log(v + 1e-3) for v in s.values()])))
     assert geo.fitness(to_matrix(cand, geo.job_ids, cluster)) == pytest.approx(want0)
 
@@ -459,7 +468,7 @@ def test_search_reaches_plain_genetic_search(seed: int) -> None:
                         max_replicas_seen=int(rng.choice([1, 2, 4, 8]))))
     ours, _ = decide(PolluxPolicy(), jobs, cluster, alloc, seed=seed)
     plain, _ = decide(PolluxPolicy(patience=None, greedy_seed=False), jobs, cluster, alloc, seed=seed)
-    prob = PolluxPolicy().problem(jobs, cluster, alloc)
+    prob = PolluxPolicy().problem(with_allocation(jobs, alloc), cluster)
     f_ours = prob.fitness(to_matrix(ours, prob.job_ids, cluster))
     f_plain = prob.fitness(to_matrix(plain, prob.job_ids, cluster))
     assert f_ours >= 0.99 * f_plain

@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 from pollux.goodput import fit_throughput, t_iter
-from pollux.policy.base import Cluster
-from pollux.policy.registry import make_policy
+from pollux.policy.base import Cluster, fixed_shape
+from pollux.policy.registry import ELASTIC, POLICY_NAMES, make_policy, policy_info
 from pollux.sim.engine import ADAPTIVE, SimConfig, SimJob, fixed_batch_config, simulate
 from pollux.sim.profiles import load_profile, load_profiles
 from pollux.sim.workload import WorkloadJob, read_workload
@@ -102,6 +102,47 @@ def test_bad_inputs_are_clear(tmp_path):
     with pytest.raises(ValueError, match="interval"):
         SimConfig(interval=0)
 
+    class Unregistered:
+        name = "nobody"
+
+        def decide(self, jobs, cluster, state, now, rng):
+            return {}, {}
+
+    with pytest.raises(ValueError, match="policy: unknown policy 'nobody'"):
+        simulate([WorkloadJob("a", 0.0, "toy", 1, 8)], prof, Unregistered(), one_gpu())
+
+
+class Recording:
+    """A registered policy that records the views the simulator builds for it."""
+
+    def __init__(self, name: str) -> None:
+        self.inner = make_policy(name)
+        self.name = name
+        self.views: list = []
+
+    def decide(self, jobs, cluster, state, now, rng):
+        self.views.extend(jobs)
+        return self.inner.decide(jobs, cluster, state, now, rng)
+
+
+@pytest.mark.parametrize("name", POLICY_NAMES)
+def test_views_follow_the_registry_and_the_one_fixed_rule(tmp_path, name):
+    """The job kind comes from the registry (an oracle only for elastic jobs), ``fixed`` from
+    pollux.policy.base.fixed_shape (the rule the service's job_view uses too), and the current
+    allocation arrives once, in the views."""
+    prof = {"toy": toy_profile(tmp_path)}
+    specs = [WorkloadJob("a", 0.0, "toy", 1, 8), WorkloadJob("b", 10.0, "toy", 1, 16)]
+    policy = Recording(name)
+    res = simulate(specs, prof, policy, one_gpu())
+    assert all(j.jct is not None for j in res.jobs)
+    by_name = {s.name: s for s in specs}
+    elastic = policy_info(name).job_kind == ELASTIC
+    for view in policy.views:
+        spec = by_name[view.id]
+        assert view.fixed == fixed_shape(spec.num_replicas, spec.batch_size)
+        assert (view.oracle is not None) == elastic
+    assert any(v.allocation for v in policy.views)
+
 
 @pytest.mark.skipif(not SHARED.is_dir(), reason=f"shared profiles not found at {SHARED}")
 def test_pollux_sees_only_models_fitted_from_configurations_run():
@@ -144,7 +185,7 @@ def test_small_slice_of_real_workload_runs_under_every_policy():
     profiles = load_profiles(SHARED / "traces", apps=["cifar10", "ncf", "deepspeech2", "bert"])
     jobs = [j for j in read_workload(SHARED / "workloads" / "workload-6.csv")
             if j.application in profiles][:12]
-    for name in ("pollux", "tiresias", "optimus", "fifo"):
+    for name in POLICY_NAMES:
         res = simulate(jobs, profiles, make_policy(name), SimConfig(seed=1), "slice")
         assert all(j.jct is not None and j.jct > 0 for j in res.jobs), name
         assert max(res.timeline["allocated_gpus"]) <= 64

@@ -219,7 +219,7 @@ def test_fixed_batch_jct_matches_the_simulator(profiles):
     class Packed:
         name = "fifo"
 
-        def decide(self, jobs, cluster, allocation, state, now, rng):
+        def decide(self, jobs, cluster, state, now, rng):
             out = {}
             for j in jobs:
                 r, k = j.fixed[0], 0

@@ -1,22 +1,23 @@
 """The one interface every scheduling policy implements (SPEC §5), shared by simulator and service.
 
-A policy is a pure function of what the caller tells it: the jobs (``JobView``), the cluster, the
-current allocation, the policy's own state from the previous round, the time and a seeded random
-generator. It returns the new allocation and its new state. It never reads clocks, files or globals,
-so the simulator and the live service run the very same code, and a replayed round gives the same
-answer.
+A policy is a pure function of what the caller tells it: the jobs (``JobView``, whose ``allocation`` is
+the one source of the current allocation), the cluster, the policy's own state from the previous round,
+the time and a seeded random generator. It returns the new allocation and its new state. It never
+reads clocks, files or globals, so the simulator and the live service run the very same code, and a
+replayed round gives the same answer.
 
 ``Allocation`` is ``{job id: {node id: GPUs}}``; jobs absent from it (or with an empty mapping)
-hold no GPUs. Dense matrices are an internal detail of a policy. Policy state is a dict of JSON
-values and numpy arrays; :func:`encode_state`/:func:`decode_state` turn it into plain JSON for
-persistence.
+hold no GPUs. Dense matrices are an internal detail of a policy. Policy state is opaque to callers and
+JSON-able as it is: ``json.dumps`` accepts what ``decide`` returns, and ``decide`` accepts it back after
+``json.loads``. A policy that keeps numpy arrays encodes them itself with :func:`encode_state` and reads
+its state back with :func:`decode_state` (harmless on plain JSON).
 """
 
 from __future__ import annotations
 
 import base64
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 import numpy as np
@@ -113,7 +114,12 @@ class JobView:
 
 
 class Policy(Protocol):
-    """A scheduling policy. ``name`` is one of ``pollux``, ``tiresias``, ``optimus``, ``fifo``."""
+    """A scheduling policy; ``name`` is its name in :mod:`pollux.policy.registry`.
+
+    ``decide`` reads each job's current GPUs from ``JobView.allocation`` (build views with
+    :func:`with_allocation` when the allocation is held apart), and returns the new allocation and a
+    JSON-able state to pass back next round.
+    """
 
     name: str
 
@@ -121,11 +127,39 @@ class Policy(Protocol):
         self,
         jobs: Sequence[JobView],
         cluster: Cluster,
-        allocation: Allocation,
         state: PolicyState | None,
         now: float,
         rng: np.random.Generator,
     ) -> tuple[Allocation, PolicyState]: ...
+
+
+def fixed_shape(replicas: int, batch_size: int) -> tuple[int, int]:
+    """``JobView.fixed`` of a job: the (replicas, batch size) the user asked for, replicas at least 1.
+
+    The one rule by which the simulator (a workload's replicas and batch) and the service (a spec's
+    ``min_replicas`` and ``init_batch_size``) fill ``fixed``. Rigid policies run a job on exactly these
+    replicas; policies that choose replicas themselves ignore it.
+    """
+    return max(int(replicas), 1), min(int(batch_size), 2**62)
+
+
+def allocation_of(jobs: Sequence[JobView]) -> Allocation:
+    """The current allocation the views hold (``JobView.allocation``; jobs without GPUs omitted)."""
+    out: Allocation = {}
+    for job in jobs:
+        row = {str(n): int(g) for n, g in job.allocation.items() if g > 0}
+        if row:
+            out[job.id] = row
+    return out
+
+
+def with_allocation(jobs: Sequence[JobView], allocation: Mapping[str, Mapping[str, int]]) -> list[JobView]:
+    """The views, each job that ``allocation`` names holding that row instead of its own.
+
+    For callers that keep the current allocation apart from the views (tests, benchmarks).
+    """
+    return [replace(job, allocation=dict(allocation[job.id])) if job.id in allocation else job
+            for job in jobs]
 
 
 # --------------------------------------------------------------------------------------------
@@ -172,26 +206,6 @@ def check_allocation(allocation: Allocation, cluster: Cluster) -> None:
         n = int(over[0])
         raise ValueError(f"node {cluster.nodes[n]!r}: {int(used[n])} GPUs allocated, "
                          f"capacity {cluster.gpus[n]}")
-
-
-def place_spread(replicas: int, free: np.ndarray) -> np.ndarray | None:
-    """Take ``replicas`` GPUs one at a time from the node with the most free GPUs (ties: lowest index).
-
-    Returns the per-node GPU counts, or None if not enough GPUs are free. ``free`` is not modified.
-    This spreads a job over many nodes; the baselines place packed by default
-    (``pollux.policy.fifo.place_packed``), which is what reproduces the published comparison.
-    """
-    if replicas <= 0:
-        return np.zeros_like(free)
-    if int(free.sum()) < replicas:
-        return None
-    left = free.astype(np.int64).copy()
-    row = np.zeros_like(left)
-    for _ in range(int(replicas)):
-        n = int(np.argmax(left))
-        row[n] += 1
-        left[n] -= 1
-    return row
 
 
 def encode_state(state: PolicyState) -> dict[str, Any]:

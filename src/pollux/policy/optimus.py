@@ -30,8 +30,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from pollux.policy.base import Allocation, Cluster, JobView, PolicyState, from_matrix
-from pollux.policy.fifo import arrival_order, check_placement, current_row, keep_rows, place
+from pollux.policy.base import Allocation, Cluster, JobView, PolicyState
+from pollux.policy.baseline import Baseline, arrivals, rows_allocation, settle
 
 
 def _cap(job: JobView) -> int:
@@ -68,32 +68,24 @@ def _gain(job: JobView, r: int) -> float:
     return gain if not math.isnan(gain) else -math.inf
 
 
-class OptimusPolicy:
+class OptimusPolicy(Baseline):
     """Greedy marginal-gain GPU allocation with oracle step times (Optimus+Oracle)."""
 
     name = "optimus"
-
-    def __init__(self, placement: str = "packed") -> None:
-        self.placement = check_placement(placement)
 
     def decide(
         self,
         jobs: Sequence[JobView],
         cluster: Cluster,
-        allocation: Allocation,
         state: PolicyState | None,
         now: float,
         rng: np.random.Generator,
     ) -> tuple[Allocation, PolicyState]:
-        order = arrival_order(jobs)
-        ids = [j.id for j in order]
-        cur = {j.id: current_row(j, allocation, cluster) for j in order}
-        free = cluster.capacity().copy()
+        order, ids, cur = arrivals(jobs, cluster)
 
         pinned = [j.id for j in order if cur[j.id].sum() > 0 and not j.preemptible]
-        pinned_replace = keep_rows(pinned, cur, free)
         pinned_set = set(pinned)
-        left = int(free.sum()) - sum(int(cur[jid].sum()) for jid in pinned_replace)
+        left = cluster.total_gpus - sum(int(cur[jid].sum()) for jid in pinned)
 
         # 1. One GPU (the smallest feasible size) per job, in arrival order, while GPUs remain.
         replicas: dict[str, int] = {}
@@ -119,21 +111,7 @@ class OptimusPolicy:
             heapq.heappush(heap, (-_gain(by_id[jid], replicas[jid]), rank[jid], jid))
 
         # 3. Unchanged jobs keep their placement; the others go to the most-free nodes, smallest first.
-        rows: dict[str, np.ndarray] = {jid: cur[jid] for jid in pinned if jid not in pinned_replace}
-        same = [jid for jid in ids if jid in replicas and int(cur[jid].sum()) == replicas[jid]]
-        moved = set(keep_rows(same, cur, free))
-        rows.update({jid: cur[jid] for jid in same if jid not in moved})
-        todo = [(int(cur[jid].sum()), rank[jid], jid) for jid in pinned_replace]
-        todo += sorted((r, rank[jid], jid) for jid, r in replicas.items() if jid not in rows)
-        for n, _, jid in todo:
-            row = place(n, free, self.placement)
-            if row is None:  # cannot happen by the count above; never over-allocate
-                continue
-            free -= row
-            rows[jid] = row
-
-        pos = {jid: i for i, jid in enumerate(ids)}
-        out = np.zeros((len(ids), cluster.num_nodes), dtype=np.int64)
-        for jid, row in rows.items():
-            out[pos[jid]] = row
-        return from_matrix(out, ids, cluster), {}
+        grown = [jid for jid in ids if jid in replicas]
+        smallest = sorted(replicas, key=lambda jid: (replicas[jid], rank[jid]))
+        rows = settle(cur, cluster.capacity().copy(), pinned, replicas, grown, smallest, self.placement)
+        return rows_allocation(rows, ids, cluster), {}

@@ -43,14 +43,13 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from pollux.policy.base import Allocation, Cluster, JobView, PolicyState, from_matrix
-from pollux.policy.fifo import (
-    arrival_order,
-    check_placement,
-    current_row,
-    keep_rows,
-    place,
+from pollux.policy.base import Allocation, Cluster, JobView, PolicyState
+from pollux.policy.baseline import (
+    Baseline,
+    arrivals,
     rigid_replicas,
+    rows_allocation,
+    settle,
 )
 
 DEFAULT_THRESHOLD_GPU_S = 16 * 3600.0
@@ -74,7 +73,7 @@ def gittins_index(samples: np.ndarray, attained: float, quantum: float) -> float
     return p_done / expected if expected > 0.0 else math.inf
 
 
-class TiresiasPolicy:
+class TiresiasPolicy(Baseline):
     """Discretised 2D-LAS / 2D-Gittins with K queues and skip-not-block gang scheduling."""
 
     name = "tiresias"
@@ -104,7 +103,7 @@ class TiresiasPolicy:
         self.num_queues = int(num_queues)
         self.gittins = bool(gittins)
         self.promote_knob = None if promote_knob is None or math.isinf(promote_knob) else float(promote_knob)
-        self.placement = check_placement(placement)
+        super().__init__(placement)
 
     # ----------------------------------------------------------------------------------------
 
@@ -116,18 +115,15 @@ class TiresiasPolicy:
         self,
         jobs: Sequence[JobView],
         cluster: Cluster,
-        allocation: Allocation,
         state: PolicyState | None,
         now: float,
         rng: np.random.Generator,
     ) -> tuple[Allocation, PolicyState]:
         state = state or {}
         k = self.num_queues
-        order = arrival_order(jobs)
-        ids = [j.id for j in order]
+        order, ids, cur = arrivals(jobs, cluster)
         alive = set(ids)
         by_id = {j.id: j for j in order}
-        cur = {j.id: current_row(j, allocation, cluster) for j in order}
         want = {j.id: rigid_replicas(j, cur[j.id]) for j in order}
 
         # Lower queues (2..K) in demotion order; jobs that left are forgotten.
@@ -212,28 +208,11 @@ class TiresiasPolicy:
                 free_count -= want[jid]
 
         # Placement: pinned rows, then running chosen jobs keep theirs, then new starts in walk order.
-        free = cluster.capacity().copy()
-        rows: dict[str, np.ndarray] = {}
-        replace = keep_rows(pinned, cur, free)
-        rows.update({jid: cur[jid] for jid in pinned if jid not in replace})
-        keepers = [jid for jid in chosen if int(cur[jid].sum()) == want[jid]]
-        dropped = set(keep_rows(keepers, cur, free))
-        rows.update({jid: cur[jid] for jid in keepers if jid not in dropped})
-        for jid in replace + [jid for jid in chosen if jid not in rows]:
-            row = place(want[jid], free, self.placement)
-            if row is None:  # cannot happen by the walk's count; stay pending rather than over-allocate
-                continue
-            free -= row
-            rows[jid] = row
-
-        pos = {jid: i for i, jid in enumerate(ids)}
-        out = np.zeros((len(ids), cluster.num_nodes), dtype=np.int64)
-        for jid, row in rows.items():
-            out[pos[jid]] = row
+        rows = settle(cur, cluster.capacity().copy(), pinned, want, chosen, chosen, self.placement)
         new_state: PolicyState = {
             "queues": queues,
             "offsets": {jid: [a, s] for jid, (a, s) in sorted(offsets.items())},
             "samples": samples if self.gittins else [],
             "service": service if self.gittins else {},
         }
-        return from_matrix(out, ids, cluster), new_state
+        return rows_allocation(rows, ids, cluster), new_state

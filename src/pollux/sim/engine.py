@@ -23,13 +23,17 @@ import numpy as np
 from pollux.goodput import BatchLimits, GoodputModel, GradStats, fit_throughput, gain, optimize
 from pollux.goodput.model import accumulation_plan
 from pollux.goodput.records import ThroughputParams
-from pollux.policy.base import Cluster, JobView, Oracle, Policy, to_matrix
+from pollux.policy.base import Cluster, JobView, Oracle, Policy, fixed_shape, to_matrix
+from pollux.policy.placement import packed_shape
+from pollux.policy.registry import ADAPTIVE, ELASTIC, RIGID, JobKind, policy_info
 from pollux.sim.profiles import AppProfile
 from pollux.sim.workload import WorkloadJob
 
-#: How each policy treats jobs: adaptive (batch and GPUs), elastic GPUs with a fixed batch, rigid.
-ADAPTIVE, ELASTIC, RIGID = "adaptive", "elastic", "rigid"
-POLICY_JOB_KIND = {"pollux": ADAPTIVE, "optimus": ELASTIC, "tiresias": RIGID, "fifo": RIGID}
+__all__ = ["ADAPTIVE", "ELASTIC", "RIGID", "JobResult", "SimConfig", "SimJob", "SimResult",
+           "fixed_batch_config", "log_progress", "simulate"]
+
+#: GPUs per node of the machines the profiles were measured on (the oracle's packed placements).
+PROFILE_GPUS_PER_NODE = 4
 
 
 @dataclass(frozen=True)
@@ -98,7 +102,7 @@ def fixed_batch_config(batch: int, replicas: int, init_batch_size: int, max_loca
 class SimJob:
     """One job's state and its simulated agent."""
 
-    def __init__(self, spec: WorkloadJob, profile: AppProfile, kind: str, config: SimConfig,
+    def __init__(self, spec: WorkloadJob, profile: AppProfile, kind: JobKind, config: SimConfig,
                  num_nodes: int) -> None:
         self.spec = spec
         self.name = spec.name
@@ -163,13 +167,13 @@ class SimJob:
 
     def view(self, now: float, cluster: Cluster) -> JobView:
         alloc = {cluster.nodes[i]: int(g) for i, g in enumerate(self.row) if g > 0}
-        fixed = (self.spec.num_replicas, self.spec.batch_size) if self.kind != ADAPTIVE else None
         return JobView(
             id=self.name, submit_time=self.spec.submit_time, age_s=now - self.spec.submit_time,
             restarts=self.restarts, attained_service=self.attained, allocation=alloc,
             min_replicas=0, max_replicas=self.max_replicas, preemptible=True,
             model=self.model() if self.kind == ADAPTIVE else None,
-            limits=self.limits, max_replicas_seen=self.max_replicas_seen, fixed=fixed,
+            limits=self.limits, max_replicas_seen=self.max_replicas_seen,
+            fixed=fixed_shape(self.spec.num_replicas, self.spec.batch_size),
             oracle=self._oracle() if self.kind == ELASTIC else None,
             application=self.spec.application,
         )
@@ -180,7 +184,7 @@ class SimJob:
         if self._oracle_steps is None or self._oracle_steps.size != self.max_replicas + 1:
             steps = np.full(self.max_replicas + 1, np.inf)
             for r in range(1, self.max_replicas + 1):
-                placement = [4] * (r // 4) + ([r % 4] if r % 4 else [])
+                placement = packed_shape(r, PROFILE_GPUS_PER_NODE)
                 _, m, s = fixed_batch_config(self.spec.batch_size, r, self.meta.init_batch_size,
                                              self.meta.max_local_bsz)
                 step, sync = self.profile.step_time(placement, m)
@@ -197,20 +201,22 @@ class SimJob:
         if r == 0:
             return
         m0 = self.meta.init_batch_size
+        cfg: tuple[int, int, int] | None = None
         if self.kind != ADAPTIVE:
             cfg = fixed_batch_config(self.spec.batch_size, r, m0, self.meta.max_local_bsz)
         else:
-            cfg = None
             model = self.model()
             if model is not None:
                 plan = optimize(model, self.nodes, r, self.limits)
                 if float(plan.goodput) > 0:
                     cfg = (int(plan.batch_size), int(plan.local_bsz), int(plan.accum_steps))
             if cfg is None:
-                start = int(self.limits.init_batch_size if self.spec.application != "ncf"
-                            else self.limits.max_batch_size)
+                # (BatchLimits fills its optional bounds: both are numbers here.)
+                top, local_top = self.limits.max_batch_size, self.limits.max_local_bsz
+                assert top is not None and local_top is not None
+                start = int(self.limits.init_batch_size if self.spec.application != "ncf" else top)
                 cfg = fixed_batch_config(max(start, r * int(self.limits.min_local_bsz)), r, m0,
-                                         int(self.limits.max_local_bsz))
+                                         int(local_top))
         self.batch, self.local_bsz, self.accum = cfg
         if not self.batch_sizes or self.batch_sizes[-1] != self.batch:
             self.batch_sizes.append(self.batch)
@@ -312,9 +318,7 @@ def simulate(
 ) -> SimResult:
     """Run one workload under one policy to completion; deterministic for a given ``config.seed``."""
     started = time.perf_counter()
-    kind = POLICY_JOB_KIND.get(policy.name)
-    if kind is None:
-        raise ValueError(f"policy: unknown policy name {policy.name!r}")
+    kind = policy_info(policy.name).job_kind      # ValueError naming the choices if unknown
     missing = sorted({j.application for j in workload} - set(profiles))
     if missing:
         raise ValueError(f"workload {workload_name}: no profile for application(s) {', '.join(missing)}")
@@ -341,10 +345,8 @@ def simulate(
             now = math.ceil(nxt / config.interval) * config.interval
             continue
         views = [j.view(now, cluster) for j in active]
-        current = {j.name: v.allocation for j, v in zip(active, views, strict=True) if v.allocation}
         t0 = time.perf_counter()
-        alloc, state = policy.decide(views, cluster, {k: dict(v) for k, v in current.items()},
-                                     state, now, rng)
+        alloc, state = policy.decide(views, cluster, state, now, rng)
         decide_time += time.perf_counter() - t0
         rounds += 1
         ids = [j.name for j in active]

@@ -23,6 +23,7 @@ import numpy as np
 
 from pollux.goodput import gain
 from pollux.goodput.model import accumulation_plan, batch_candidates
+from pollux.policy.placement import packed_shape
 from pollux.sim.engine import JobResult, SimResult
 from pollux.sim.profiles import AppProfile
 
@@ -56,11 +57,9 @@ def _profile_key(profile: AppProfile) -> tuple[Hashable, ...]:
 
 
 def packed_placement(gpus: int, gpus_per_node: int = GPUS_PER_NODE) -> list[int]:
-    """GPUs per node for ``gpus`` GPUs on as few nodes as possible: ``[4, 4, ..., rem]``."""
-    if gpus < 1:
-        raise ValueError(f"gpus: must be >= 1, got {gpus}")
-    full, rem = divmod(int(gpus), gpus_per_node)
-    return [gpus_per_node] * full + ([rem] if rem else [])
+    """GPUs per node for ``gpus`` GPUs on as few nodes as possible: ``[4, 4, ..., rem]``
+    (:func:`pollux.policy.placement.packed_shape`)."""
+    return packed_shape(gpus, gpus_per_node)
 
 
 def _candidates(profile: AppProfile, gpus: int) -> list[tuple[int, float]]:
@@ -262,7 +261,7 @@ def summarize(result: SimResult) -> dict[str, Any]:
 
 
 def downsample_timeline(timeline: dict[str, list[float]], max_points: int = TIMELINE_POINTS
-                        ) -> dict[str, list[float]]:
+                        ) -> dict[str, list[float | None]]:
     """Every k-th point of each series (k chosen so at most ``max_points`` remain), always the last."""
     n = len(timeline.get("time", []))
     if n == 0:
@@ -448,8 +447,8 @@ def _cdf_figure(series: dict[str, np.ndarray], title: str, xlabel: str, log: boo
         x = np.concatenate([v[:1], v])
         y = np.arange(0, v.size + 1) / v.size
         ax.step(x, y, where="post", label=f"{label} (n={v.size}, mean {mean_fmt.format(v.mean())})")
-    for x in marks:
-        ax.axvline(x, color="grey", linestyle=":", linewidth=1)
+    for mark in marks:
+        ax.axvline(mark, color="grey", linestyle=":", linewidth=1)
     if log:
         ax.set_xscale("log")
         finite = [v[np.isfinite(v) & (v > 0)] for v in series.values()]

@@ -1,94 +1,22 @@
-"""The Pollux scheduling policy, PolluxSched (SPEC §5).
+"""PolluxPolicy: the round's search (SPEC §5), step by step over a :class:`PolluxProblem`.
 
-Every round the policy maximises ``FITNESS_p(A) = ((1/J)·Σ_j (SPEEDUP_j(A_j) + 1e-3)^p)^(1/p)`` over
-integer allocation matrices ``A[job, node]`` (GPUs of a job on a node). ``SPEEDUP_j`` is looked up in a
-per-job table built once per round by :func:`pollux.goodput.speedup_table` (capped by the exploration
-cap, scaled by ``d·num_nodes``) and multiplied by the re-allocation penalty ``(T_j − R_j·δ)/(T_j + δ)``
-when the job's row changes. Because FITNESS_p is a monotone function of ``Σ_j u(SPEEDUP_j)`` (u a power
-or a log), the objective is separable per job, which the greedy search exploits.
-
-The search, every part of it on that exact objective:
-
-1. **Lazy greedy fill** (:meth:`PolluxProblem.greedy`) from the current allocation, from nothing but
-   the pinned jobs, and from the best carried individual: jobs sit in a priority queue keyed by their
-   best gain per GPU over jumps of k = 1, 2, … GPUs, each placed the best of three ways (grow on its
-   own nodes, move onto one node — tightest fit, or roomiest in a "loose" variant — or spread over
-   nodes without another distributed job); the top job is re-evaluated against the current free
-   capacity and applied if it still beats the next one.
-2. **Destroy-and-refill local search** (:meth:`PolluxProblem.local_search`): a few jobs give a GPU
-   back, return to their current row (evicting what is in the way) or drop to nothing; the greedy
-   refills; the result is kept if fitter. A last pass tries moved jobs back on their current rows.
-3. **Genetic search of SPEC §5** (:meth:`PolluxProblem.genetic`): mutation, single-point crossover
-   after binary tournaments, repair, keep the best distinct individuals. Vectorised over the whole
-   population, held as one float32 ``(jobs, population, nodes)`` array of whole numbers (per-node and
-   per-job sums are then small matrix products; the repair touches only the conflicting columns).
-   Seeded by the above, the current allocation and the population carried over from the previous
-   round (rows remapped by job and node id), and stopped when the best individual stalls.
-
-On clusters where the dense population would exceed ``dense_limit`` elements (e.g. 1024 × 4 GPUs
-with 1000 jobs) steps 1–2 alone run and a few best individuals are carried. Internally jobs are
-sorted by priority (pinned, then least attained service, then submission time), so the repair's
-"later jobs lose" rules are cumulative sums along the job axis.
-See ``docs/policy-pollux.md``.
+See :mod:`pollux.policy.pollux` for the objective and the steps.
 """
 
 from __future__ import annotations
 
 import math
 from collections import OrderedDict
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 
 import numpy as np
 
 from pollux.goodput.threads import one_blas_thread
-from pollux.policy.base import Allocation, Cluster, JobView, PolicyState, from_matrix
-from pollux.policy.pollux_problem import (
-    _SMALL,
-    IN_PLACE,
-    RESET_PROB,
-    SINGLE,
-    SPEEDUP_EPS,
-    SPREAD,
-    STATE_VERSION,
-    ZERO_ELEM_PROB,
-    ZERO_ROW_PROB,
-    PolluxProblemCore,
-    _FillState,
-    _power_mean,
-    _utility,
-)
-from pollux.policy.pollux_search import PolluxSearch
-
-__all__ = [
-    "IN_PLACE",
-    "RESET_PROB",
-    "SINGLE",
-    "SPEEDUP_EPS",
-    "SPREAD",
-    "STATE_VERSION",
-    "ZERO_ELEM_PROB",
-    "ZERO_ROW_PROB",
-    "_SMALL",
-    "PolluxPolicy",
-    "PolluxProblem",
-    "PolluxProblemCore",
-    "PolluxSearch",
-    "_FillState",
-    "_power_mean",
-    "_utility",
-]
-
-
-class PolluxProblem(PolluxSearch):
-    """One round's search problem: jobs in priority order, speedup tables, constraints, objective.
-
-    Built by :meth:`PolluxPolicy.problem`. Matrices handed to its methods are ``(jobs, nodes)`` (or a
-    stack ``(population, jobs, nodes)``) in the problem's job order :attr:`job_ids` and the cluster's
-    node order. :meth:`evaluate` is the objective; :meth:`repair` makes any matrix feasible.
-    """
-
-    def to_allocation(self, matrix: np.ndarray) -> Allocation:
-        return from_matrix(np.asarray(matrix), self.job_ids, self.cluster)
+from pollux.policy.base import Allocation, Cluster, JobView, PolicyState, encode_state
+from pollux.policy.genetic import genetic_search, select
+from pollux.policy.pollux.fill import greedy
+from pollux.policy.pollux.local import local_search
+from pollux.policy.pollux.problem import PolluxProblem
 
 
 class PolluxPolicy:
@@ -119,8 +47,9 @@ class PolluxPolicy:
     table_cache: how many speedup tables to memoise across rounds, keyed by (model, limits, fair
         share, table size); a table is a pure function of that key, so results do not depend on it.
 
-    ``decide`` returns the fittest allocation and a state holding the final population (sparse, keyed
-    by job and node ids) plus ``fitness``, ``generations`` and ``search`` for diagnostics.
+    ``decide`` returns the fittest allocation and a JSON-able state holding the final population
+    (sparse, keyed by job and node ids; its arrays encoded by :func:`pollux.policy.base.encode_state`)
+    plus ``fitness``, ``generations`` and ``search`` for diagnostics.
     """
 
     name = "pollux"
@@ -177,11 +106,10 @@ class PolluxPolicy:
         self.table_cache_size = max(int(table_cache), 0)
         self._tables: OrderedDict = OrderedDict()
 
-    def problem(self, jobs: Sequence[JobView], cluster: Cluster,
-                allocation: Mapping[str, Mapping[str, int]]) -> PolluxProblem:
+    def problem(self, jobs: Sequence[JobView], cluster: Cluster) -> PolluxProblem:
         """This round's search problem (tables, constraints, objective) for the given inputs."""
         return PolluxProblem(
-            jobs, cluster, allocation, p=self.p, restart_penalty_s=self.restart_penalty_s,
+            jobs, cluster, p=self.p, restart_penalty_s=self.restart_penalty_s,
             max_nodes_per_job=self.max_nodes_per_job, interference_avoidance=self.interference_avoidance,
             table_cache=self._tables, cache_size=self.table_cache_size,
         )
@@ -191,16 +119,15 @@ class PolluxPolicy:
         self,
         jobs: Sequence[JobView],
         cluster: Cluster,
-        allocation: Allocation,
         state: PolicyState | None,
         now: float,
         rng: np.random.Generator,
     ) -> tuple[Allocation, PolicyState]:
-        prob = self.problem(jobs, cluster, allocation)
+        prob = self.problem(jobs, cluster)
         if prob.num_jobs == 0 or prob.num_nodes == 0:
             out_state = prob.encode(np.zeros((prob.num_jobs, 0, prob.num_nodes), dtype=np.float32))
             out_state.update(fitness=1.0, generations=0, search="none")
-            return {}, out_state
+            return {}, encode_state(out_state)
         cells = prob.num_jobs * prob.num_nodes
         dense = self.population * cells <= self.dense_limit
         carried = prob.repair(prob.remap(state, self.population if dense else self.keep_large))
@@ -216,12 +143,13 @@ class PolluxPolicy:
                 # jobs has little to recombine).
                 extra = min(self.generations, self.patience_work // max(cells, 1), 10 * prob.num_jobs)
                 patience = max(patience, extra)
-            pop, fit, raw, gens = prob.genetic(seeds, rng, self.population, self.generations, patience)
+            pop, fit, raw, gens = genetic_search(prob, seeds, rng, self.population, self.generations,
+                                                 patience)
             search = "genetic"
         else:
             pop = np.concatenate([prob.stack([*found, current]), carried], axis=1)
             fit, raw = prob.evaluate(pop)
-            pop, fit, raw = prob.select(pop, fit, raw, self.keep_large)
+            pop, fit, raw = select(pop, fit, raw, self.keep_large, prob.keys(pop))
             gens = 0
             search = "greedy"
         best = prob.unstack(pop, 0)
@@ -230,7 +158,7 @@ class PolluxPolicy:
             search += "+repair"
         out_state = prob.encode(pop)
         out_state.update(fitness=prob.fitness(best), generations=int(gens), search=search)
-        return prob.to_allocation(best), out_state
+        return prob.to_allocation(best), encode_state(out_state)
 
     def _greedy_search(self, prob: PolluxProblem, current: np.ndarray, carried: np.ndarray, dense: bool,
                        rng: np.random.Generator) -> list[np.ndarray]:
@@ -239,10 +167,10 @@ class PolluxPolicy:
         if carried.shape[1]:
             cf, cr = prob.evaluate(carried)
             starts.append(prob.unstack(carried, int(np.lexsort((-cr, -cf))[0])))
-        found = [prob.greedy(x) for x in starts]
+        found = [greedy(prob, x) for x in starts]
         if dense:
             # The same two starts packing single-node jobs loosely (most room first), for variety.
-            found += [prob.greedy(x, loose=True) for x in starts[:2]]
+            found += [greedy(prob, x, loose=True) for x in starts[:2]]
         ranked = sorted(range(len(found)), key=lambda i: prob.fitness_pair(found[i]), reverse=True)
         tops: list[np.ndarray] = []
         for i in ranked:
@@ -251,8 +179,8 @@ class PolluxPolicy:
         iters = self.local_search_iters if dense else self.local_search_iters_large
         iters = min(iters, 4 * int(prob.movable.sum()))        # a few jobs: few distinct moves
         for t in tops:
-            improved, _, _ = prob.local_search(t, rng, iters, self.local_search_fraction,
-                                               self.local_search_max_jobs,
-                                               self.local_search_max_jobs if dense else 0)
+            improved, _, _ = local_search(prob, t, rng, iters, self.local_search_fraction,
+                                         self.local_search_max_jobs,
+                                         self.local_search_max_jobs if dense else 0)
             found.insert(0, improved)
         return found

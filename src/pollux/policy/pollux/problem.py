@@ -1,33 +1,30 @@
-"""The Pollux search problem (SPEC §5): speedup tables, re-allocation penalty, evaluation,
-fitness, feasibility, repair and the state codec of the carried population.
+"""The Pollux search problem (SPEC §5): one round's jobs, speedup tables, re-allocation penalty,
+evaluation, fitness, feasibility, repair, and the carried population's codec.
 
-Split out of :mod:`pollux.policy.pollux`, which re-exports these names; the searches
-(:mod:`pollux.policy.pollux_search`) build on :class:`PolluxProblemCore`.
+The searches are functions over a :class:`PolluxProblem` (:mod:`.fill`, :mod:`.local`, and the generic
+:func:`pollux.policy.genetic.genetic_search`, whose :class:`~pollux.policy.genetic.GeneticProblem`
+protocol this class satisfies). Matrices are ``(jobs, nodes)`` integer arrays in the problem's job
+order :attr:`PolluxProblem.job_ids` and the cluster's node order; populations are float32
+``(jobs, individuals, nodes)`` arrays of whole numbers.
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
 from pollux.goodput import BatchLimits, exploration_cap, fair_share, speedup_table
-from pollux.policy.base import Cluster, JobView, PolicyState
+from pollux.policy import genetic
+from pollux.policy.base import Allocation, Cluster, JobView, PolicyState, decode_state, from_matrix
+from pollux.policy.genetic import col_sums, row_sums
 
 #: Added to every speedup before the power mean (SPEC §5, ref), so a job without GPUs weighs heavily.
 SPEEDUP_EPS = 1e-3
 #: Version tag of the state this policy carries between rounds.
 STATE_VERSION = 1
-#: Reference mutation probabilities (SPEC §5): reset a row, pick a row for zeroing, zero an element.
-RESET_PROB = 0.1
-ZERO_ROW_PROB = 0.1
-ZERO_ELEM_PROB = 0.1
-#: Placement modes of the greedy fill: grow on its own nodes, move onto one node, spread over nodes.
-IN_PLACE, SINGLE, SPREAD = 0, 1, 2
-#: Arrays up to this many elements are reduced by matrix products, larger ones by einsum.
-_SMALL = 1 << 18
 
 
 def _utility(s: np.ndarray, p: float) -> np.ndarray:
@@ -50,104 +47,17 @@ def _power_mean(s: np.ndarray, p: float) -> np.ndarray:
     return (x**p).mean(axis=-1) ** (1.0 / p)
 
 
-class _FillState:
-    """Free GPUs and distributed-job owners of the nodes while the greedy fills one matrix, with
-    the node orders its placement rule needs (each rebuilt lazily, only when asked for, after a
-    change)."""
+class PolluxProblem:
+    """One round's search problem: jobs in priority order, speedup tables, constraints, objective.
 
-    def __init__(self, free: np.ndarray, owner: np.ndarray, interference: bool, loose: bool = False) -> None:
-        self.free = free.astype(np.int64)
-        self.loose = loose
-        self.owner = owner
-        self.interference = interference
-        self.total_free = int(self.free.sum())
-        self.version = 0
-        self._cache: dict[str, Any] = {}
-
-    def update(self, j: int, old: np.ndarray, new: np.ndarray) -> None:
-        self.free += old - new
-        self.total_free = int(self.free.sum())
-        if self.interference:
-            self.owner[self.owner == j] = -1
-            if np.count_nonzero(new) > 1:
-                self.owner[new > 0] = j
-        self.version += 1
-        self._cache.clear()
-
-    @property
-    def max_free(self) -> int:
-        got = self._cache.get("max")
-        if got is None:
-            got = self._cache["max"] = int(self.free.max()) if self.free.size else 0
-        return got
-
-    def _by_free(self) -> tuple[np.ndarray, np.ndarray]:
-        """Nodes by free GPUs ascending (ties by node index), and their free GPUs."""
-        got = self._cache.get("asc")
-        if got is None:
-            order = np.argsort(self.free, kind="stable")
-            got = self._cache["asc"] = (order, self.free[order])
-        return got
-
-    def _by_free_desc(self) -> np.ndarray:
-        got = self._cache.get("desc")
-        if got is None:
-            got = self._cache["desc"] = np.argsort(-self.free, kind="stable")
-        return got
-
-    def spread_order(self) -> np.ndarray:
-        """Nodes with free GPUs and no distributed job, most free first (ties: node order)."""
-        got = self._cache.get("spread")
-        if got is None:
-            free = self.free
-            ok = (free > 0) & (self.owner < 0) if self.interference else free > 0
-            nodes = np.flatnonzero(ok)
-            got = self._cache["spread"] = nodes[np.argsort(-free[nodes], kind="stable")]
-        return got
-
-    def single_node(self, total: int, mine: np.ndarray, row: np.ndarray, loose: bool = False) -> int:
-        """The node to hold all ``total`` GPUs of this job (-1 if none): the one that fits most
-        tightly, or with ``loose`` the one with the most room. Its own nodes offer their free GPUs
-        plus the job's, the others their free GPUs; ties prefer its own nodes, then the lower index."""
-        sign = -1 if loose else 1
-        best, key = -1, None
-        if mine.size:
-            host = self.free[mine] + row[mine]
-            ok = np.flatnonzero(host >= total)
-            if ok.size:
-                i = ok[np.argmin(sign * host[ok])]
-                best, key = int(mine[i]), (sign * int(host[i]), 0, int(mine[i]))
-        if loose:
-            for n in self._by_free_desc():          # most free first, ties by node index
-                if self.free[n] < total:
-                    break
-                if row[n] == 0:
-                    cand = (-int(self.free[n]), 1, int(n))
-                    if key is None or cand < key:
-                        best, key = int(n), cand
-                    break
-            return best
-        order, values = self._by_free()
-        i = int(np.searchsorted(values, total, side="left"))
-        while i < values.size:
-            n = int(order[i])
-            if row[n] == 0:
-                cand = (int(values[i]), 1, n)
-                if key is None or cand < key:
-                    best, key = n, cand
-                break
-            i += 1
-        return best
-
-
-class PolluxProblemCore:
-    """Tables, constraints and objective of :class:`pollux.policy.pollux.PolluxProblem`."""
+    Built by :meth:`pollux.policy.pollux.PolluxPolicy.problem`. :meth:`evaluate` is the objective of a
+    population, :meth:`fitness` of one matrix; :meth:`repair` makes any population feasible.
+    """
 
     def __init__(
         self,
         jobs: Sequence[JobView],
         cluster: Cluster,
-        allocation: Mapping[str, Mapping[str, int]],
         *,
         p: float,
         restart_penalty_s: float,
@@ -167,12 +77,10 @@ class PolluxProblemCore:
         self.total_gpus = int(cap.sum())
         self.gpn = int(cap.max()) if num_nodes else 0
 
-        # Current rows: the allocation argument is the truth; JobView.allocation fills in for jobs
-        # it does not mention. Unknown nodes are dropped.
+        # Current rows: JobView.allocation. Unknown nodes are dropped.
         raw_cur = np.zeros((len(jobs), num_nodes), dtype=np.int64)
         for i, job in enumerate(jobs):
-            row = allocation[job.id] if job.id in allocation else job.allocation
-            for node, gpus in row.items():
+            for node, gpus in job.allocation.items():
                 if node in node_idx and gpus > 0:
                     raw_cur[i, node_idx[node]] += int(gpus)
         running = raw_cur.sum(axis=1) > 0
@@ -244,15 +152,14 @@ class PolluxProblemCore:
         self.rep_limit = np.where(self.pinned, np.iinfo(np.int32).max, self.max_replicas)
         self.movable = ~self.pinned & (self.max_replicas >= np.maximum(self.min_replicas, 1))
         # float32 copies for the vectorised population operators.
-        self._ones_n = np.ones(num_nodes, dtype=np.float32)
-        self._ones_j = np.ones(num_jobs, dtype=np.float32)
         self._cur32 = self.cur.astype(np.float32)
         self._cap32 = cap.astype(np.float32)
         self._min32 = self.min_replicas.astype(np.float32)
         self._rep_limit32 = self.rep_limit.astype(np.float32)
         self._rep_limit_grow = np.where(self.pinned, 0, self.max_replicas).astype(np.float32)
         self._pin_idx = np.flatnonzero(self.pinned)
-        self._list_cache: dict[int, tuple[list[list[float]], list[float]]] = {}
+        #: Per job, its table and best-over-nodes row as Python lists (the greedy's fast path).
+        self.list_cache: dict[int, tuple[list[list[float]], list[float]]] = {}
 
     # ----------------------------------------------------------------------------------------
     # Construction helpers
@@ -305,36 +212,27 @@ class PolluxProblemCore:
     # over jobs a loop of contiguous vector additions.
     # ----------------------------------------------------------------------------------------
 
-    # Small arrays: a matrix-vector product is the fastest reduction over a short axis; large ones
-    # use einsum, which stays on one thread (a multi-threaded BLAS call competes for busy cores).
-
-    def _row_sums(self, pop: np.ndarray) -> np.ndarray:
-        """GPUs per (job, individual)."""
-        nj, q, nn = pop.shape
-        if pop.size <= _SMALL:
-            return (pop.reshape(-1, nn) @ self._ones_n).reshape(nj, q)
-        return np.einsum("jqn->jq", pop)
-
     def _row_counts(self, mask: np.ndarray) -> np.ndarray:
-        return self._row_sums(mask.astype(np.float32))
+        return row_sums(mask.astype(np.float32))
 
-    def _col_sums(self, pop: np.ndarray) -> np.ndarray:
-        """GPUs per (individual, node)."""
-        nj, q, nn = pop.shape
-        if pop.size <= _SMALL:
-            return (self._ones_j @ pop.reshape(nj, -1)).reshape(q, nn)
-        return np.einsum("jqn->qn", pop)
+    def lookup(self, jobs: np.ndarray | int, nodes: np.ndarray | int,
+               replicas: np.ndarray | int) -> np.ndarray:
+        """SPEEDUP of ``jobs`` (indices, broadcast with the counts) on ``nodes`` nodes and ``replicas``
+        GPUs: the one lookup into the speedup tables (counts beyond a table read its last entry)."""
+        return self.flat[self.base[jobs] + np.minimum(nodes, self.nt_max) * (self.rt_max + 1)
+                         + np.minimum(replicas, self.rt_max)]
+
+    def _pop_speedups(self, pop: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Unpenalised speedups ``(jobs, population)`` and whether each row differs from the current."""
+        r = np.rint(row_sums(pop)).astype(np.int64)
+        n = np.rint(self._row_counts(pop > 0)).astype(np.int64)
+        s = self.lookup(np.arange(self.num_jobs)[:, None], n, r)
+        return s, self._row_counts(pop != self._cur32[:, None, :]) > 0
 
     def job_speedups(self, pop: np.ndarray, penalised: bool = True) -> np.ndarray:
         """Per-job speedups ``(jobs, population)`` of a population ``(jobs, population, nodes)``."""
-        r = np.rint(self._row_sums(pop)).astype(np.int64)
-        n = np.rint(self._row_counts(pop > 0)).astype(np.int64)
-        idx = self.base[:, None] + np.minimum(n, self.nt_max) * (self.rt_max + 1) + np.minimum(r, self.rt_max)
-        s = self.flat[idx]
-        if penalised:
-            changed = self._row_counts(pop != self._cur32[:, None, :]) > 0
-            s = np.where(changed, s * self.pen[:, None], s)
-        return s
+        s, changed = self._pop_speedups(pop)
+        return np.where(changed, s * self.pen[:, None], s) if penalised else s
 
     def evaluate(self, pop: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(FITNESS_p, unpenalised FITNESS_p) per individual of ``(jobs, population, nodes)``.
@@ -345,24 +243,23 @@ class PolluxProblemCore:
         q = pop.shape[1]
         if self.num_jobs == 0:
             return np.ones(q), np.ones(q)
-        r = np.rint(self._row_sums(pop)).astype(np.int64)
-        n = np.rint(self._row_counts(pop > 0)).astype(np.int64)
-        idx = self.base[:, None] + np.minimum(n, self.nt_max) * (self.rt_max + 1) + np.minimum(r, self.rt_max)
-        s = self.flat[idx]
-        changed = self._row_counts(pop != self._cur32[:, None, :]) > 0
+        s, changed = self._pop_speedups(pop)
         pen = np.where(changed, s * self.pen[:, None], s)
         return _power_mean(pen.T, self.p), _power_mean(s.T, self.p)
 
     def matrix_speedups(self, matrix: np.ndarray, penalised: bool = True) -> np.ndarray:
         """Per-job speedups of one ``(jobs, nodes)`` integer matrix."""
         a = np.asarray(matrix)
-        r = a.sum(axis=1)
-        n = np.count_nonzero(a, axis=1)
-        s = self.flat[self.base + np.minimum(n, self.nt_max) * (self.rt_max + 1) + np.minimum(r, self.rt_max)]
+        s = self.lookup(np.arange(self.num_jobs), np.count_nonzero(a, axis=1), a.sum(axis=1))
         if penalised:
             changed = (a != self.cur).any(axis=1)
             s = np.where(changed, s * self.pen, s)
         return s
+
+    def row_speedup(self, j: int, row: np.ndarray) -> float:
+        """Penalised speedup of job ``j`` on one row."""
+        s = float(self.lookup(j, int(np.count_nonzero(row)), int(row.sum())))
+        return s * float(self.pen[j]) if not np.array_equal(row, self.cur[j]) else s
 
     def fitness(self, matrix: np.ndarray) -> float:
         """FITNESS_p of one ``(jobs, nodes)`` matrix."""
@@ -371,7 +268,7 @@ class PolluxProblemCore:
         return float(_power_mean(self.matrix_speedups(matrix), self.p))
 
     def fitness_pair(self, matrix: np.ndarray) -> tuple[float, float]:
-        """(FITNESS_p, unpenalised FITNESS_p) of one matrix: the order of :meth:`select`."""
+        """(FITNESS_p, unpenalised FITNESS_p) of one matrix: the order of the genetic selection."""
         if self.num_jobs == 0:
             return 1.0, 1.0
         return (float(_power_mean(self.matrix_speedups(matrix), self.p)),
@@ -385,6 +282,30 @@ class PolluxProblemCore:
     def unstack(self, pop: np.ndarray, i: int) -> np.ndarray:
         """Individual ``i`` of a population as an int64 ``(jobs, nodes)`` matrix."""
         return np.rint(pop[:, i, :]).astype(np.int64)
+
+    def to_allocation(self, matrix: np.ndarray) -> Allocation:
+        """The allocation of one ``(jobs, nodes)`` matrix, keyed by job and node ids."""
+        return from_matrix(np.asarray(matrix), self.job_ids, self.cluster)
+
+    def owners(self, a: np.ndarray) -> np.ndarray:
+        """Per node, the distributed job on it (-1 when none); the first one wins on a conflict."""
+        owner = np.full(self.num_nodes, -1, dtype=np.int64)
+        dist = np.flatnonzero(np.count_nonzero(a, axis=1) > 1)
+        for j in dist[::-1]:
+            owner[a[j] > 0] = j
+        return owner
+
+    # ----------------------------------------------------------------------------------------
+    # The genetic search's protocol (pollux.policy.genetic.GeneticProblem)
+    # ----------------------------------------------------------------------------------------
+
+    def keys(self, pop: np.ndarray) -> np.ndarray:
+        """One bytes key per individual, for exact duplicate detection."""
+        return genetic.keys(pop, np.uint8 if self.gpn <= 255 else np.uint16)
+
+    def mutate(self, pop: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+        """SPEC §5 mutation (:func:`pollux.policy.genetic.mutate_allocation`); in place."""
+        return genetic.mutate_allocation(pop, rng, self._cur32, self._cap32, self._rep_limit_grow)
 
     # ----------------------------------------------------------------------------------------
     # Repair (SPEC §5), vectorised over a population
@@ -411,7 +332,7 @@ class PolluxProblemCore:
             if np.count_nonzero(dist.any(axis=1)) > 1:
                 np.logical_and(nz, dist[..., None], out=nz)
                 m = nz.reshape(nj, -1)
-                cols = np.flatnonzero(self._col_sums(nz.astype(np.float32)).reshape(-1) > 1.5)
+                cols = np.flatnonzero(col_sums(nz.astype(np.float32)).reshape(-1) > 1.5)
                 if cols.size:
                     sub = m[:, cols]
                     earlier = np.cumsum(sub, axis=0, dtype=np.int32) > sub   # an earlier one sits there
@@ -420,7 +341,7 @@ class PolluxProblemCore:
                     flat = pop.reshape(nj, -1)
                     flat[:, cols] = flat[:, cols] * ~kill
         # Each job at most its max replicas (exploration cap included): keep the first GPUs in node order.
-        r = self._row_sums(pop)
+        r = row_sums(pop)
         rows_i = np.flatnonzero(r > self._rep_limit32[:, None])
         if rows_i.size:
             flat = pop.reshape(-1, nn)
@@ -438,7 +359,7 @@ class PolluxProblemCore:
                 flat[rows_i] = rows
         # Node capacity by cumulative sum over jobs in priority order.
         # Only the (individual, node) columns over capacity are touched.
-        cols = np.flatnonzero((self._col_sums(pop) > self._cap32).reshape(-1))
+        cols = np.flatnonzero((col_sums(pop) > self._cap32).reshape(-1))
         if cols.size:
             flat = pop.reshape(nj, -1)
             sub = flat[:, cols]
@@ -446,10 +367,14 @@ class PolluxProblemCore:
             cap = self._cap32[cols % nn]
             flat[:, cols] = np.minimum(sub, np.maximum(cap - before, 0.0))
         # Jobs below their min replicas get nothing.
-        low = (self._row_sums(pop) < self._min32[:, None]) & ~self.pinned[:, None]
+        low = (row_sums(pop) < self._min32[:, None]) & ~self.pinned[:, None]
         if low.any():
             np.multiply(pop, ~low[..., None], out=pop)
         return pop
+
+    def repair_one(self, matrix: np.ndarray) -> np.ndarray:
+        """Feasible int64 copy of one ``(jobs, nodes)`` matrix."""
+        return self.unstack(self.repair(self.stack([matrix])), 0)
 
     # ----------------------------------------------------------------------------------------
     # State: sparse population keyed by job and node ids
@@ -459,9 +384,10 @@ class PolluxProblemCore:
         """Up to ``limit`` individuals ``(jobs, k, nodes)`` of a carried population, on this round's
         jobs and nodes (rows of departed jobs and columns of departed nodes dropped; new jobs get 0)."""
         empty = np.zeros((self.num_jobs, 0, self.num_nodes), dtype=np.float32)
-        if not state or state.get("version") != STATE_VERSION or limit <= 0:
+        if not isinstance(state, dict) or state.get("version") != STATE_VERSION or limit <= 0:
             return empty
         try:
+            state = decode_state(state)          # as stored (JSON, arrays encoded) or already decoded
             size = int(state["size"])
             old_jobs = [str(x) for x in state["job_ids"]]
             old_nodes = [str(x) for x in state["node_ids"]]

@@ -1,0 +1,349 @@
+"""The greedy fill of the Pollux search (SPEC §5, step 1 of :mod:`pollux.policy.pollux`).
+
+:func:`greedy` grows one feasible matrix by the best objective gain per GPU until nothing gains (a lazy
+greedy: jobs sit in a priority queue keyed by their best gain per GPU over jumps of k = 1, 2, … GPUs,
+each placed the best of three ways — grow on its own nodes, move onto one node, or spread over nodes
+without another distributed job). :class:`FillState` holds the free GPUs and distributed-job owners of
+the nodes while one matrix fills. Every function reads the problem and never changes it (apart from
+its memo of table rows as lists).
+"""
+
+from __future__ import annotations
+
+import bisect
+import heapq
+import math
+from typing import Any
+
+import numpy as np
+
+from pollux.policy.pollux.problem import SPEEDUP_EPS, PolluxProblem, _utility
+
+#: Placement modes of the greedy fill: grow on its own nodes, move onto one node, spread over nodes.
+IN_PLACE, SINGLE, SPREAD = 0, 1, 2
+
+
+class FillState:
+    """Free GPUs and distributed-job owners of the nodes while the greedy fills one matrix, with
+    the node orders its placement rule needs (each rebuilt lazily, only when asked for, after a
+    change)."""
+
+    def __init__(self, free: np.ndarray, owner: np.ndarray, interference: bool, loose: bool = False) -> None:
+        self.free = free.astype(np.int64)
+        self.loose = loose
+        self.owner = owner
+        self.interference = interference
+        self.total_free = int(self.free.sum())
+        self.version = 0
+        self._cache: dict[str, Any] = {}
+
+    def update(self, j: int, old: np.ndarray, new: np.ndarray) -> None:
+        self.free += old - new
+        self.total_free = int(self.free.sum())
+        if self.interference:
+            self.owner[self.owner == j] = -1
+            if np.count_nonzero(new) > 1:
+                self.owner[new > 0] = j
+        self.version += 1
+        self._cache.clear()
+
+    @property
+    def max_free(self) -> int:
+        got = self._cache.get("max")
+        if got is None:
+            got = self._cache["max"] = int(self.free.max()) if self.free.size else 0
+        return got
+
+    def _by_free(self) -> tuple[np.ndarray, np.ndarray]:
+        """Nodes by free GPUs ascending (ties by node index), and their free GPUs."""
+        got = self._cache.get("asc")
+        if got is None:
+            order = np.argsort(self.free, kind="stable")
+            got = self._cache["asc"] = (order, self.free[order])
+        return got
+
+    def _by_free_desc(self) -> np.ndarray:
+        got = self._cache.get("desc")
+        if got is None:
+            got = self._cache["desc"] = np.argsort(-self.free, kind="stable")
+        return got
+
+    def spread_order(self) -> np.ndarray:
+        """Nodes with free GPUs and no distributed job, most free first (ties: node order)."""
+        got = self._cache.get("spread")
+        if got is None:
+            free = self.free
+            ok = (free > 0) & (self.owner < 0) if self.interference else free > 0
+            nodes = np.flatnonzero(ok)
+            got = self._cache["spread"] = nodes[np.argsort(-free[nodes], kind="stable")]
+        return got
+
+    def single_node(self, total: int, mine: np.ndarray, row: np.ndarray, loose: bool = False) -> int:
+        """The node to hold all ``total`` GPUs of this job (-1 if none): the one that fits most
+        tightly, or with ``loose`` the one with the most room. Its own nodes offer their free GPUs
+        plus the job's, the others their free GPUs; ties prefer its own nodes, then the lower index."""
+        sign = -1 if loose else 1
+        best, key = -1, None
+        if mine.size:
+            host = self.free[mine] + row[mine]
+            ok = np.flatnonzero(host >= total)
+            if ok.size:
+                i = ok[np.argmin(sign * host[ok])]
+                best, key = int(mine[i]), (sign * int(host[i]), 0, int(mine[i]))
+        if loose:
+            for n in self._by_free_desc():          # most free first, ties by node index
+                if self.free[n] < total:
+                    break
+                if row[n] == 0:
+                    cand = (-int(self.free[n]), 1, int(n))
+                    if key is None or cand < key:
+                        best, key = int(n), cand
+                    break
+            return best
+        order, values = self._by_free()
+        i = int(np.searchsorted(values, total, side="left"))
+        while i < values.size:
+            n = int(order[i])
+            if row[n] == 0:
+                cand = (int(values[i]), 1, n)
+                if key is None or cand < key:
+                    best, key = n, cand
+                break
+            i += 1
+        return best
+
+
+def place_growth(prob: PolluxProblem, a: np.ndarray, j: int, k: int, mode: int,
+                 st: FillState) -> np.ndarray | None:
+    """New row of job j with k more GPUs, or None, by placement ``mode``: IN_PLACE grows on its
+    own nodes (most free first); SINGLE moves it onto one node (the tightest fit, or with
+    ``st.loose`` the roomiest; its own nodes preferred on ties); SPREAD see :func:`spread_order`.
+    """
+    row = a[j]
+    mine = np.flatnonzero(row)
+    r = int(row[mine].sum())
+    total = r + k
+    free = st.free
+    if mode == IN_PLACE:
+        if r == 0 or int(free[mine].sum()) < k:
+            return None
+        new = row.copy()
+        need = k
+        for n in mine[np.argsort(-free[mine], kind="stable")]:
+            t = min(need, int(free[n]))
+            new[n] += t
+            need -= t
+            if need == 0:
+                break
+        return new
+    if mode == SINGLE:
+        node = st.single_node(total, mine, row, st.loose)
+        if node < 0:
+            return None
+        new = np.zeros_like(row)
+        new[node] = total
+        return new
+    order, avail, keep = spread_order(prob, row, mine, st, j)
+    base = row.copy() if keep else np.zeros_like(row)
+    need = total - (r if keep else 0)
+    cum = np.cumsum(avail)
+    if cum.size == 0 or cum[-1] < need:
+        return None
+    m = int(np.searchsorted(cum, need)) + 1
+    add = avail[:m].copy()
+    add[-1] -= int(cum[m - 1]) - need
+    base[order[:m]] += add
+    if np.count_nonzero(base) > prob.max_nodes:
+        return None
+    return base
+
+
+def spread_order(prob: PolluxProblem, row: np.ndarray, mine: np.ndarray, st: FillState,
+                  j: int) -> tuple[np.ndarray, np.ndarray, bool]:
+    """Nodes a job spreads over, in fill order, what each offers it, and whether it keeps its GPUs.
+
+    The job keeps its GPUs when none of its nodes hosts another distributed job; then its own
+    nodes come first (their free GPUs), then the others by most free GPUs among nodes without a
+    distributed job. Otherwise it moves: the same order, its own nodes offering ``free + its
+    GPUs`` where no other distributed job sits. Only the first ``max_nodes`` other nodes matter.
+    """
+    free, owner = st.free, st.owner
+    if prob.interference:
+        elig_mine = (owner[mine] < 0) | (owner[mine] == j)
+    else:
+        elig_mine = np.ones(mine.size, dtype=bool)
+    keep = mine.size > 0 and bool(elig_mine.all())
+    offer = free[mine] if keep else free[mine] + row[mine]
+    offer *= elig_mine
+    sort = np.argsort(-offer, kind="stable")
+    mine, offer = mine[sort], offer[sort]
+    glob = st.spread_order()
+    cand = glob[: prob.max_nodes + mine.size]
+    if mine.size:
+        cand = cand[row[cand] == 0]
+    cand = cand[: prob.max_nodes]
+    return np.concatenate([mine, cand]), np.concatenate([offer, free[cand]]), keep
+
+
+def best_option(prob: PolluxProblem, a: np.ndarray, j: int, st: FillState,
+                 u_now: float) -> tuple[float, int, int]:
+    """Best objective gain per GPU of growing job j: (gain, k more GPUs, mode); k = 0 if none.
+
+    The same choice as :func:`option_table` (tested to agree), as a plain loop over k: the
+    greedy calls this thousands of times on short rows, where numpy's per-call cost dominates.
+    """
+    row = a[j]
+    mine = np.flatnonzero(row)
+    nn = int(mine.size)
+    if nn:
+        rm, fm = row[mine], st.free[mine]
+        r, own_free, host_own = int(rm.sum()), int(fm.sum()), int((fm + rm).max())
+    else:
+        r = own_free = host_own = 0
+    kmax = min(int(prob.max_replicas[j]) - r, st.total_free)
+    if kmax <= 0:
+        return 0.0, 0, 0
+    rows, best_any = _lists(prob, j)
+    host_max = max(st.max_free, host_own)
+    t_in = rows[min(nn, prob.nt_max)]
+    t_one = rows[1] if prob.nt_max >= 1 else None
+    pen, p, eps = float(prob.pen[j]), prob.p, SPEEDUP_EPS
+    min_r, max_nodes, nt_max = int(prob.min_replicas[j]), prob.max_nodes, prob.nt_max
+    spread = None
+    best_g, best_k, best_mode = -math.inf, 0, 0
+    # No k can gain more than reaching the job's best speedup anywhere: stop once k is so large
+    # that even that, spread over k GPUs, cannot beat the best found.
+    top = float(_utility(np.asarray(max(best_any) * pen), p)) - u_now
+    for k in range(max(1, min_r - r), kmax + 1):
+        if top <= best_g * k:
+            break
+        tot = r + k
+        v, mode = -1.0, IN_PLACE
+        if nn and k <= own_free:
+            v = t_in[tot]
+        if t_one is not None and tot <= host_max and t_one[tot] > v:
+            v, mode = t_one[tot], SINGLE
+        if best_any[tot] > v:
+            if spread is None:
+                _, avail, keep = spread_order(prob, row, mine, st, j)
+                cum = np.cumsum(avail)
+                spread = (cum.tolist(), np.cumsum(avail > 0).tolist(), keep)
+            cum_l, pos_l, keep = spread
+            need = tot - (r if keep else 0)
+            if cum_l and need <= cum_l[-1]:
+                m = bisect.bisect_left(cum_l, need) + 1
+                n_sp = max(m, nn) if keep else pos_l[m - 1]
+                if n_sp <= max_nodes:
+                    vs = rows[min(n_sp, nt_max)][tot]
+                    if vs > v:
+                        v, mode = vs, SPREAD
+        if v < 0.0:
+            continue
+        x = v * pen + eps
+        if p == -1.0:
+            u = -1.0 / x
+        elif p == 0.0:
+            u = math.log(x)
+        elif p < 0.0:
+            u = -(x**p)
+        else:
+            u = x**p
+        g = (u - u_now) / k
+        if g > best_g:
+            best_g, best_k, best_mode = g, k, mode
+    if best_k == 0:
+        return 0.0, 0, 0
+    return best_g, best_k, best_mode
+
+
+def _lists(prob: PolluxProblem, j: int) -> tuple[list[list[float]], list[float]]:
+    """Job j's speedup table and its best-over-nodes row as Python lists (cached)."""
+    got = prob.list_cache.get(j)
+    if got is None:
+        got = (prob.table[j].tolist(), prob.best_any_nodes[j].tolist())
+        prob.list_cache[j] = got
+    return got
+
+
+def estimates(prob: PolluxProblem, a: np.ndarray, free: np.ndarray, owner: np.ndarray,
+              u_now: np.ndarray) -> np.ndarray:
+    """Approximate best gain per GPU of every job's growth, vectorised (the greedy's first queue).
+
+    Like :func:`options` but with the spread estimated from the cluster-wide free GPUs on nodes
+    without a distributed job; the greedy re-evaluates each job exactly before using it.
+    """
+    r = a.sum(axis=1)
+    room = np.where(prob.movable, prob.max_replicas - r, 0)
+    kmax = int(min(room.max(initial=0), free.sum()))
+    if kmax <= 0:
+        return np.zeros(prob.num_jobs)
+    nn = np.count_nonzero(a, axis=1)
+    own = a > 0
+    own_free = np.einsum("jn,n->j", own.astype(np.float32), free.astype(np.float32))
+    host_max = np.maximum(free.max(), np.where(own, free + a, 0).max(axis=1))
+    elig_free = np.sort(free[owner < 0])[::-1] if prob.interference else np.sort(free)[::-1]
+    cum = np.cumsum(elig_free)
+    cum_total = int(cum[-1]) if cum.size else 0
+    k = np.arange(1, kmax + 1)[None, :]
+    rk = r[:, None] + k
+    rc = np.minimum(rk, prob.rt_max)
+    rows = np.arange(prob.num_jobs)[:, None]
+    inplace = (r[:, None] > 0) & (k <= own_free[:, None])
+    single = rk <= host_max[:, None]
+    extra = np.maximum(np.where(r[:, None] > 0, k - own_free[:, None], rk), 1)
+    n_sp = np.where(r[:, None] > 0, nn[:, None], 0) + np.searchsorted(cum, extra) + 1
+    spread = (extra <= cum_total) & (n_sp <= prob.max_nodes)
+    val = np.maximum.reduce([
+        np.where(inplace, prob.lookup(rows, nn[:, None], rc), -1.0),
+        np.where(single, prob.lookup(rows, 1, rc), -1.0),
+        np.where(spread, prob.lookup(rows, n_sp, rc), -1.0),
+    ])
+    ok = (k <= room[:, None]) & (val >= 0) & (rk >= prob.min_replicas[:, None])
+    gain = (_utility(np.maximum(val, 0.0) * prob.pen[:, None], prob.p) - u_now[:, None]) / k
+    return np.where(ok, gain, -np.inf).max(axis=1)
+
+
+def greedy(prob: PolluxProblem, a: np.ndarray, loose: bool = False) -> np.ndarray:
+    """Grow a feasible matrix by best objective gain per GPU until nothing gains (lazy greedy).
+
+    Each movable job's best jump (k = 1… more GPUs, placed by :func:`place_growth`, gain per GPU of its
+    objective term u(SPEEDUP) — FITNESS_p is monotone in Σ u) sits in a priority queue; the top
+    one is re-evaluated against the current free capacity and applied if it still beats the
+    next one, else re-queued with its fresh value. Jumps let a job pay its re-allocation
+    penalty once for several GPUs.
+    """
+    a = np.array(a, dtype=np.int64, copy=True)
+    if prob.num_jobs == 0 or prob.total_gpus == 0:
+        return a
+    p = prob.p
+    owner = prob.owners(a) if prob.interference else np.full(prob.num_nodes, -1)
+    st = FillState(prob.cap - a.sum(axis=0), owner, prob.interference, loose)
+    if st.total_free <= 0:
+        return a
+    u_now = _utility(prob.matrix_speedups(a), p)
+    est = estimates(prob, a, st.free, owner, u_now)
+    # Entries: (-gain per GPU, job, k, state version it was computed at; -1 = an estimate).
+    heap = [(-float(est[j]), int(j), 0, 0, -1) for j in np.flatnonzero(est > 0.0)]
+    heapq.heapify(heap)
+    while heap and st.total_free > 0:
+        _, j, k, mode, version = heapq.heappop(heap)
+        if version != st.version:
+            g, k, mode = best_option(prob, a, j, st, float(u_now[j]))
+            if k == 0 or g <= 0.0:
+                continue
+            if heap and g < -heap[0][0] * (1.0 - 1e-12):
+                heapq.heappush(heap, (-g, j, k, mode, st.version))
+                continue
+        new = place_growth(prob, a, j, k, mode, st)
+        if new is None:
+            continue
+        u_new = float(_utility(np.asarray(prob.row_speedup(j, new)), p))
+        if u_new <= u_now[j]:
+            continue
+        st.update(j, a[j], new)
+        a[j] = new
+        u_now[j] = u_new
+        g, k, mode = best_option(prob, a, j, st, u_new)
+        if k and g > 0.0:
+            heapq.heappush(heap, (-g, j, k, mode, st.version))
+    return a

@@ -1,0 +1,93 @@
+"""Test-only helpers of the policy tests: reference solvers (oracles) — slow, plain versions the fast
+paths are checked against — and random inputs. Nothing in ``src/`` uses them."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from pollux.goodput import BatchLimits, GoodputModel, GradStats, ThroughputParams
+from pollux.policy.pollux.fill import SINGLE, SPREAD, FillState, spread_order
+from pollux.policy.pollux.problem import PolluxProblem
+
+
+def option_table(prob: PolluxProblem, a: np.ndarray, j: int, st: FillState):
+    """Per k = 1 … kmax more GPUs for job j: (nodes after, mode, speedup after, feasible), keeping
+    the placement (on its own nodes, on one node, spread) with the best speedup (ties in that
+    order), exactly as :func:`place_growth` will build it. The spread is only worked out where the
+    job's table says more nodes could beat the other two. None if the job cannot grow."""
+    row = a[j]
+    mine = np.flatnonzero(row)
+    r = int(row[mine].sum())
+    kmax = min(int(prob.max_replicas[j]) - r, st.total_free)
+    if kmax <= 0:
+        return None
+    lo, hi = r + 1, r + kmax + 1            # replica counts after growth (≤ max_replicas ≤ rt_max)
+    tab = prob.table[j]
+    nn = mine.size
+    # Own nodes: a prefix of k (as many as their free GPUs); one node: a prefix too.
+    val = np.full(kmax, -1.0)
+    n_new = np.full(kmax, nn, dtype=np.int64)
+    mode = np.zeros(kmax, dtype=np.int64)   # IN_PLACE
+    if nn:
+        own_free = int(st.free[mine].sum())
+        host_max = max(st.max_free, int((st.free[mine] + row[mine]).max()))
+        kin = min(own_free, kmax)
+        if kin > 0:
+            val[:kin] = tab[min(nn, prob.nt_max), lo:lo + kin]
+    else:
+        host_max = st.max_free
+    ks = min(max(host_max - r, 0), kmax)
+    if ks > 0:
+        v_si = tab[1, lo:lo + ks]
+        use = v_si > val[:ks]
+        val[:ks][use] = v_si[use]
+        mode[:ks][use] = SINGLE
+        n_new[:ks][use] = 1
+    better = prob.best_any_nodes[j, lo:hi] > val
+    if better.any():
+        _, avail, keep = spread_order(prob, row, mine, st, j)
+        cum = np.cumsum(avail)
+        need = np.arange(lo, hi) - (r if keep else 0)
+        ok = need <= (cum[-1] if cum.size else 0)
+        m = np.minimum(np.searchsorted(cum, need) + 1, max(cum.size, 1))
+        if keep:
+            n_sp = np.maximum(m, nn)
+        else:
+            n_sp = np.cumsum(avail > 0)[m - 1] if cum.size else m
+        ok &= (n_sp <= prob.max_nodes) & better
+        v_sp = tab[np.minimum(n_sp, prob.nt_max), np.arange(lo, hi)]
+        use = ok & (v_sp > val)
+        val[use] = v_sp[use]
+        mode[use] = SPREAD
+        n_new[use] = n_sp[use]
+    feasible = (val >= 0) & (n_new >= 1) & (n_new <= prob.max_nodes)
+    if prob.min_replicas[j] > lo:
+        feasible[: prob.min_replicas[j] - lo] = False
+    return n_new, mode, val, feasible
+
+
+def growth_options(prob: PolluxProblem, a: np.ndarray, j: int,
+                   st: FillState) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Every feasible growth of job j: (k more GPUs, nodes after, placement mode, speedup after)."""
+    opt = option_table(prob, a, j, st)
+    if opt is None:
+        e = np.zeros(0, dtype=np.int64)
+        return e, e, e, np.zeros(0)
+    n_new, mode, val, ok = opt
+    k = np.arange(1, ok.size + 1)
+    return k[ok], n_new[ok], mode[ok], val[ok]
+
+
+def random_model(rng: np.random.Generator) -> tuple[GoodputModel, BatchLimits]:
+    def lu(lo: float, hi: float) -> float:
+        return float(np.exp(rng.uniform(np.log(lo), np.log(hi))))
+
+    params = ThroughputParams(
+        alpha_grad=lu(1e-3, 0.3), beta_grad=lu(1e-6, 5e-2), alpha_local=lu(1e-3, 0.3),
+        beta_local=lu(1e-5, 2e-2), alpha_node=lu(1e-2, 1.5), beta_node=lu(1e-4, 2e-2),
+        gamma=float(rng.uniform(1.0, 3.0)),
+    )
+    m0 = float(rng.choice([8, 12, 20, 128, 200, 256]))
+    limits = BatchLimits(m0, max_batch_size=32 * m0, min_local_bsz=max(1.0, m0 / 4),
+                         max_local_bsz=2 * m0, accumulation=True)
+    return GoodputModel(params, GradStats(lu(1e-4, 10.0), lu(1e-2, 50.0)), m0), limits
