@@ -89,9 +89,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pollux import contract as C
+from pollux.contract import EVENT_FIRST_STEP, PREEMPTED_EXIT_CODE
+
 ROOT = Path(__file__).resolve().parents[1]
 SRC = ROOT / "src"
-PREEMPT_EXIT = 143
+PREEMPT_EXIT = PREEMPTED_EXIT_CODE
 REFIT_INTERVAL_S = 3.0
 ACC_TOLERANCE = 0.01
 MAX_REVERSALS = 1
@@ -101,7 +104,7 @@ RELAXED_MARGIN = 0.005
 TORCHRUN_VARS = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "LOCAL_WORLD_SIZE", "LOCAL_RANK",
                  "GROUP_RANK")
 #: rank 0 has trained: the agent's SIGTERM handler is installed.
-TRAINING_MARKERS = ("first optimizer step", '"event": "epoch"')
+TRAINING_MARKERS = (f'"event": "{EVENT_FIRST_STEP}"', "first optimizer step", '"event": "epoch"')
 #: rank 0 has printed its result: the job is over, whatever its exit status.
 FINAL_MARKERS = ('"event": "final"', '"test_accuracy"')
 REPLICA_REASON = re.compile(r"^\s*replicas\s+\d+\s*->\s*\d+")
@@ -326,10 +329,10 @@ def start_run(script: Path, args: list[str], replicas: int, logdir: Path, tag: s
     run.launch = time.time()
     for rank in range(replicas):
         env = child_env({
-            "POLLUX_RANK": str(rank), "POLLUX_NUM_REPLICAS": str(replicas), "POLLUX_NODE_RANK": "0",
-            "POLLUX_NUM_NODES": "1", "POLLUX_MASTER_ADDR": "127.0.0.1", "POLLUX_MASTER_PORT": str(port),
-            "POLLUX_CHECKPOINT_DIR": str(ckpt), "POLLUX_RESTARTS": str(restarts),
-            "POLLUX_REFIT_INTERVAL_S": str(refit_interval),
+            C.ENV_RANK: str(rank), C.ENV_NUM_REPLICAS: str(replicas), C.ENV_NODE_RANK: "0",
+            C.ENV_NUM_NODES: "1", C.ENV_MASTER_ADDR: "127.0.0.1", C.ENV_MASTER_PORT: str(port),
+            C.ENV_CHECKPOINT_DIR: str(ckpt), C.ENV_RESTARTS: str(restarts),
+            "POLLUX_REFIT_INTERVAL_S": str(refit_interval),     # the agent's own knob, not the contract's
         })
         out, err = logdir / f"{tag}-rank{rank}.out", logdir / f"{tag}-rank{rank}.err"
         with open(out, "wb") as fo, open(err, "wb") as fe:

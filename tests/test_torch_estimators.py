@@ -174,10 +174,10 @@ def test_a_rebuilt_bucket_at_the_same_address_gets_a_new_layout() -> None:
     reuse the old address. The layout must follow the parameters, not the address: a stale one put
     the Adam pre-conditioner on the wrong entries on one replica only, the replicas' statistics and
     progress diverged, and their collectives mismatched (a gloo abort on resume)."""
-    from pollux.torch.gradstats import _GradTracker
+    from pollux.torch.gradstats import GradTracker
 
     a, b = torch.nn.Parameter(torch.zeros(3)), torch.nn.Parameter(torch.zeros(5))
-    tracker = _GradTracker(torch.optim.Adam([a, b]), torch.device("cpu"), None)
+    tracker = GradTracker(torch.optim.Adam([a, b]), torch.device("cpu"), None)
     buf = torch.zeros(8)
     first = tracker.layout(FakeBucket(buf, [a, b]))
     assert [(off, n) for p, off, n, _ in first.spans] == [(0, 3), (3, 5)]

@@ -47,6 +47,7 @@ from sklearn.model_selection import train_test_split
 from torch.utils.data import TensorDataset
 
 import pollux.torch as ptorch
+from pollux.contract import LOG_FORMAT
 
 #: The data (split and augmentations) are fixed, independent of --seed.
 DATA_SEED = 0
@@ -167,8 +168,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    logging.basicConfig(level=logging.INFO, stream=sys.stderr,
-                        format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr, format=LOG_FORMAT)
     torch.set_num_threads(args.threads)
     start = time.perf_counter()
     if args.refit_interval is not None:

@@ -45,6 +45,7 @@ from sklearn.datasets import make_classification
 from torch.utils.data import TensorDataset
 
 import pollux.torch as ptorch
+from pollux.contract import LOG_FORMAT
 
 #: The data set and its split are fixed, independent of --seed.
 DATA_SEED = 0
@@ -123,8 +124,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    logging.basicConfig(level=logging.INFO, stream=sys.stderr,
-                        format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr, format=LOG_FORMAT)
     torch.set_num_threads(args.threads)
     start = time.perf_counter()
     if args.refit_interval is not None:

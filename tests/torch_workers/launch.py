@@ -1,4 +1,5 @@
-"""Start training scripts as a group of gloo replicas on loopback, the way the Pollux service would.
+"""Start training scripts as a group of gloo replicas on loopback, the way the Pollux service would
+(with the variables of :mod:`pollux.contract`).
 
 Used by the multi-process tests: every process is started here, recorded by PID and stopped by PID.
 """
@@ -13,6 +14,8 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from pollux import contract as C
 
 WORKERS = Path(__file__).resolve().parent
 SRC = WORKERS.parents[1] / "src"
@@ -88,16 +91,16 @@ def launch(script: str | Path, replicas: int, workdir: Path, *, args: list[str] 
     per_node = -(-replicas // nodes)
     for rank in range(replicas):
         extra = {
-            "POLLUX_JOB_ID": "test-job",
-            "POLLUX_RANK": str(rank),
-            "POLLUX_NUM_REPLICAS": str(replicas),
-            "POLLUX_NODE_RANK": str(rank // per_node),
-            "POLLUX_NUM_NODES": str(nodes),
-            "POLLUX_MASTER_ADDR": "127.0.0.1",
-            "POLLUX_MASTER_PORT": str(port),
+            C.ENV_JOB_ID: "test-job",
+            C.ENV_RANK: str(rank),
+            C.ENV_NUM_REPLICAS: str(replicas),
+            C.ENV_NODE_RANK: str(rank // per_node),
+            C.ENV_NUM_NODES: str(nodes),
+            C.ENV_MASTER_ADDR: "127.0.0.1",
+            C.ENV_MASTER_PORT: str(port),
         }
         if checkpoint_dir is not None:
-            extra["POLLUX_CHECKPOINT_DIR"] = str(checkpoint_dir)
+            extra[C.ENV_CHECKPOINT_DIR] = str(checkpoint_dir)
         extra.update(env or {})
         extra.update((rank_env or {}).get(rank, {}))
         log = workdir / f"{tag}-rank{rank}.log"

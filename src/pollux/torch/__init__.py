@@ -35,6 +35,7 @@ _EXPORTS = {
     "current_epoch": "pollux.torch.epoch",
     "PREEMPT_EXIT_CODE": "pollux.torch.context",
     "Accumulator": "pollux.torch.accumulator",
+    "BatchConfig": "pollux.torch.api",
 }
 
 __all__ = [*sorted(_EXPORTS), "register_state"]

@@ -6,6 +6,8 @@ fitter, the hint reporter, the epoch counter, the SIGTERM flag and the *current 
 announces each optimiser step (its batch configuration and micro-steps) here, and the
 :class:`~pollux.torch.parallel.AdaptiveDataParallel` wrapper reads it to know whether a backward pass
 is an accumulation step or the synchronised one, how to average, and what scale the step runs at.
+The context holds the wrapper and the loaders as the small protocols of :mod:`pollux.torch.api`
+(``ModelWrapper``, ``BatchLoader``) and calls only their public methods.
 
 Replicas agree on every decision that changes control flow (checkpoint-and-exit on SIGTERM, a refit,
 an out-of-memory skip) through flags carried in one small all-reduce per step that the gradient hook
@@ -23,23 +25,24 @@ import os
 import signal
 import sys
 import threading
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
+from pollux.contract import PREEMPTED_EXIT_CODE
 from pollux.goodput import ThroughputParams
-from pollux.hints import PREEMPTED_EXIT_CODE
+from pollux.torch.api import BatchLoader, ModelWrapper, StepInfo, SyncOutcome
 from pollux.torch.checkpoint import CheckpointStore, StateRegistry
 from pollux.torch.env import AgentEnv, read_env
+from pollux.torch.oom import is_oom
 from pollux.torch.profiling import PeriodicFitter, StepProfiler
 from pollux.torch.reporting import HintReporter
 
 logger = logging.getLogger("pollux.torch")
 
 #: Exit status after a checkpoint requested by SIGTERM: "preempted, resume me" (SPEC §8).
-PREEMPT_EXIT_CODE = PREEMPTED_EXIT_CODE   # the agent–service contract, kept in pollux.hints
+PREEMPT_EXIT_CODE = PREEMPTED_EXIT_CODE   # the agent–service contract (pollux.contract)
 #: Seconds between refits of the throughput model (and hint reports), SPEC §3.
 REFIT_INTERVAL_S = 30.0
 #: Fault injection for tests: forward passes with a local batch above this raise a synthetic OOM.
@@ -57,63 +60,6 @@ ENV_FAULT_SIGTERM_RANK = "POLLUX_FAULT_SIGTERM_RANK"
 #: pass), during a checkpoint save, right after a batch-size change, during the step that ends an
 #: epoch, and during a refit (between the fit and the decision).
 FAULT_MOMENTS = ("step", "save", "change", "epoch_end", "refit")
-
-
-def is_oom(exc: BaseException) -> bool:
-    """A CUDA out-of-memory error (``torch.OutOfMemoryError`` or a RuntimeError saying so)."""
-    oom_type = getattr(torch, "OutOfMemoryError", None) or getattr(torch.cuda, "OutOfMemoryError", None)
-    if oom_type is not None and isinstance(exc, oom_type):
-        return True
-    return isinstance(exc, RuntimeError) and "out of memory" in str(exc).lower()
-
-
-@dataclass(slots=True)
-class StepInfo:
-    """One optimiser step in progress (announced by the loader, or implicit without one).
-
-    ``scale`` is the trained batch over M0, ``nominal_scale`` the configured batch over M0 (they
-    differ only for the tail step of a pass), ``fraction`` the share of a full step's progress the step
-    is worth. ``micro`` is the index of the micro-step whose batch the user holds.
-    ``micro_sizes`` are this replica's micro-batch sizes; ``probe`` marks a single-replica step split
-    in two micro-batches to measure unbiased gradient statistics (same update as the unsplit step).
-    """
-
-    sid: int
-    replicas: int
-    micro_steps: int
-    local_bsz: int
-    scale: float = 1.0
-    nominal_scale: float = 1.0
-    fraction: float = 1.0
-    full: bool = True
-    managed: bool = True
-    micro: int = 0
-    nonfinal_step_called: bool = False
-    stepped: bool = False
-    skipped: bool = False
-    scaler_scale: float = 1.0
-    finished: bool = False
-    micro_sizes: tuple[int, ...] = ()
-    probe: bool = False
-
-    @property
-    def final(self) -> bool:
-        return self.micro >= self.micro_steps - 1
-
-    @property
-    def accumulating(self) -> bool:
-        return self.managed and not self.final
-
-
-@dataclass(slots=True)
-class SyncOutcome:
-    """What the replicas agreed on at the end of a step (from the flags all-reduce)."""
-
-    reduced: bool = False
-    sigterm: bool = False
-    refit: bool = False
-    oom: bool = False
-    nonfinite: bool = False
 
 
 class EpochState:
@@ -153,7 +99,7 @@ class AgentContext:
     def __init__(self, env: AgentEnv, *, owns_process_group: bool = False) -> None:
         self.env = env
         self.owns_process_group = owns_process_group
-        store = CheckpointStore(env.checkpoint_dir) if env.checkpointing else None
+        store = CheckpointStore(env.checkpoint_dir) if env.checkpoint_dir is not None else None
         self.registry = StateRegistry(store, clean=env.rank == 0)
         self.profiler = StepProfiler()
         interval = os.environ.get(ENV_REFIT_INTERVAL, "").strip()
@@ -163,9 +109,11 @@ class AgentContext:
         self.epoch_state = EpochState()
         self.registry.register("pollux_epoch", self.epoch_state)
         self.registry.register("pollux_profile", _ProfileState(self))
-        self.adp: Any = None
-        self.loaders: list[Any] = []
-        self.active_loader: Any = None
+        #: The model wrapper (set by ``AdaptiveDataParallel``), the loaders in creation order and the
+        #: one being iterated: used through their public protocols only (:mod:`pollux.torch.api`).
+        self.adp: ModelWrapper | None = None
+        self.loaders: list[BatchLoader] = []
+        self.active_loader: BatchLoader | None = None
         self.step: StepInfo | None = None
         self._next_sid = 0
         self.sigterm_requested = False
@@ -238,7 +186,7 @@ class AgentContext:
         """Record ``floor(m × 0.75)`` for the current local batch m in ``pollux-oom.json``."""
         loader, info = self.active_loader, self.step
         if (not self.env.checkpointing or loader is None or info is None or not info.managed
-                or loader._user_max_local is not None):
+                or loader.user_max_local_bsz is not None):
             return None
         bound = int(info.local_bsz * 0.75)
         if bound < 1:
@@ -300,7 +248,7 @@ class AgentContext:
         self.step = info
         self.oom_in_step = False
         if self.adp is not None:
-            self.adp._begin_step(info)
+            self.adp.begin_step(info)
 
     def outgoing_flags(self) -> list[float]:
         """Flags this replica contributes to the step's all-reduce: [sigterm, refit due, oom]."""
@@ -316,10 +264,10 @@ class AgentContext:
         info = self.step
         if info is None or self.adp is None:
             return SyncOutcome()
-        outcome = self.adp._finish_sync(info)
+        outcome = self.adp.finish_sync(info)
         if outcome.oom and not info.skipped:
             info.skipped = True
-            self.adp._discard_gradients()
+            self.adp.discard_gradients()
         info.finished = True
         return outcome
 
@@ -384,7 +332,7 @@ class AgentContext:
         if dist.is_initialized():
             dist.destroy_process_group()
         if self.adp is not None:
-            self.adp._release_process_group()
+            self.adp.release_process_group()
         gc.collect()
 
     def end_epoch(self) -> None:

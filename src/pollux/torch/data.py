@@ -40,10 +40,11 @@ from torch.utils.data import DataLoader, Dataset, IterableDataset
 from pollux.goodput import BatchLimits
 from pollux.hints import build_hints
 from pollux.torch import decisions
-from pollux.torch.context import AgentContext, StepInfo, get_context
-from pollux.torch.decisions import DecisionRecord, batch_of
-from pollux.torch.loader_state import _LoaderState
-from pollux.torch.microbatch import _PlanBatchSampler, split_batch
+from pollux.torch.api import BatchConfig, StepInfo
+from pollux.torch.context import AgentContext, get_context
+from pollux.torch.decisions import DecisionRecord
+from pollux.torch.loader_state import LoaderCheckpoint
+from pollux.torch.microbatch import PlanBatchSampler, split_batch
 from pollux.torch.sampler import ElasticSampler
 
 logger = logging.getLogger("pollux.torch")
@@ -84,18 +85,18 @@ class AdaptiveDataLoader:
         self.dataset = dataset
         self.init_batch_size = int(batch_size)
         self.sampler = ElasticSampler(length, shuffle=shuffle, seed=seed)
-        self._batch_sampler = _PlanBatchSampler(self.sampler)
+        self._batch_sampler = PlanBatchSampler(self.sampler)
         self._dataloader = DataLoader(dataset, batch_sampler=self._batch_sampler, **kwargs)
         self._max_batch_size: int | None = None
         self._min_local = 1
         self._user_max_local: int | None = None
         self._oom_max_local: int | None = None
         self._accumulation = False
-        self._config: tuple[int, int, int] | None = None      # (replicas, m, s)
+        self._config: BatchConfig | None = None
         self._config_key: tuple[Any, ...] | None = None
         self._it: Any = None
         self._it_next = -1
-        self._it_cfg: tuple[int, int, int] | None = None
+        self._it_cfg: BatchConfig | None = None
         self._warned_forced_accum = False
         self._last_decision: DecisionRecord | None = None
         self._probe_shapes: set[int] = set()
@@ -104,7 +105,7 @@ class AdaptiveDataLoader:
         self._ctx = ctx
         self._index = len(ctx.loaders)
         ctx.loaders.append(self)
-        ctx.registry.register(f"pollux_loader{self._index}", _LoaderState(self))
+        ctx.registry.register(f"pollux_loader{self._index}", self)
         noted = ctx.oom_note()      # a previous run died of an out-of-memory error
         if noted is not None:
             self._oom_max_local = noted if self._oom_max_local is None else min(self._oom_max_local, noted)
@@ -137,6 +138,21 @@ class AdaptiveDataLoader:
         self._user_max_local = int(hi) if hi is not None else None
         self._accumulation = bool(gradient_accumulation)
 
+    # ---------------------------------------------------------------- checkpoint
+
+    def state_dict(self) -> dict[str, Any]:
+        """The loader's checkpoint (registered as ``pollux_loader<i>``): position, configuration, bounds."""
+        return LoaderCheckpoint(self.sampler.state_dict(), self._config, self._config_key,
+                                self._oom_max_local, self._last_decision).to_dict()
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        saved = LoaderCheckpoint.from_dict(state)
+        self.sampler.load_state_dict(saved.sampler)
+        self._config, self._config_key = saved.config, saved.limits_key
+        self._oom_max_local, self._last_decision = saved.oom_max_local, saved.last_decision
+
+    # ---------------------------------------------------------------- configuration
+
     @property
     def adaptive(self) -> bool:
         return self._max_batch_size is not None and self._max_batch_size > self.init_batch_size
@@ -144,6 +160,16 @@ class AdaptiveDataLoader:
     @property
     def max_batch_size(self) -> int:
         return self._max_batch_size if self._max_batch_size is not None else self.init_batch_size
+
+    @property
+    def dataset_len(self) -> int:
+        """Examples in the dataset (N)."""
+        return self.sampler.dataset_len
+
+    @property
+    def user_max_local_bsz(self) -> int | None:
+        """The upper local batch bound the user gave (None: none, so out-of-memory errors set one)."""
+        return self._user_max_local
 
     @property
     def max_local_bsz(self) -> int | None:
@@ -165,28 +191,31 @@ class AdaptiveDataLoader:
     def _limits_key(self) -> tuple[Any, ...]:
         return (self.max_batch_size, self.min_local_bsz, self.max_local_bsz, self._accumulation)
 
-    def _current(self) -> tuple[int, int, int]:
+    def _current(self) -> BatchConfig:
         k = self._ctx.replicas
-        if self._config is not None and self._config[0] == k:
+        if self._config is not None and self._config.replicas == k:
             return self._config
-        m, s = self._default_config(k)
-        return (k, m, s)
+        return self._default_config(k)
+
+    @property
+    def config(self) -> BatchConfig:
+        """The batch configuration in force (or the one the next iteration starts with)."""
+        return self._current()
 
     @property
     def local_bsz(self) -> int:
         """Per-replica micro-batch size m."""
-        return self._current()[1]
+        return self._current().local_bsz
 
     @property
     def accumulation_steps(self) -> int:
         """Gradient-accumulation steps s (micro-steps per optimiser step minus one)."""
-        return self._current()[2]
+        return self._current().accum_steps
 
     @property
     def current_batch_size(self) -> int:
         """Total batch M = K·m·(s+1) of the current configuration."""
-        k, m, s = self._current()
-        return k * m * (s + 1)
+        return self._current().batch_size
 
     batch_size = current_batch_size
 
@@ -196,7 +225,7 @@ class AdaptiveDataLoader:
 
     # ---------------------------------------------------------------- decisions (rank 0)
 
-    def _default_config(self, k: int) -> tuple[int, int]:
+    def _default_config(self, k: int) -> BatchConfig:
         """The smallest configuration reaching M0 within the local bounds."""
         m0 = self.init_batch_size
         m, s = -(-m0 // k), 0
@@ -208,13 +237,17 @@ class AdaptiveDataLoader:
                 self._warned_forced_accum = True
             s = -(-m0 // (k * hi)) - 1
             m = -(-m0 // (k * (s + 1)))
-        return max(m, self.min_local_bsz), s
+        return BatchConfig(k, max(m, self.min_local_bsz), s)
 
-    def _decide(self, ctx: AgentContext, reason: str, *, periodic: bool) -> tuple[int, int]:
-        """Rank 0's choice of (m, s) on the current replicas (see :mod:`pollux.torch.decisions`)."""
+    def _step_time(self, ctx: AgentContext, config: BatchConfig) -> tuple[float, int] | None:
+        """Measured (mean step time, steps) of ``config`` on the current nodes, if any."""
+        return ctx.profiler.step_time(ctx.nodes, config.replicas, config.local_bsz, config.accum_steps)
+
+    def _decide(self, ctx: AgentContext, reason: str, *, periodic: bool) -> BatchConfig:
+        """Rank 0's choice of configuration on the current replicas (see :mod:`pollux.torch.decisions`)."""
         k, nodes = ctx.replicas, ctx.nodes
-        current = self._config if self._config is not None and self._config[0] == k else None
-        default = (k, *self._default_config(k))
+        current = self._config if self._config is not None and self._config.replicas == k else None
+        default = self._default_config(k)
         adp = ctx.adp
         ready = (self.adaptive and ctx.fit_params is not None and adp is not None and adp.decision_ready)
         if not ready:
@@ -222,49 +255,50 @@ class AdaptiveDataLoader:
             if choice != current:
                 why = "fixed batch" if not self.adaptive else "no goodput model yet (statistics not ready)"
                 self._log_change(ctx, current, choice, reason, None, None, note=why)
-            return choice[1:]
+            return choice
         assert ctx.fit_params is not None and adp is not None
         evidence = adp.evidence()
         base = current if current is not None else default
-        reference = batch_of(self._config) if self._config is not None else self.init_batch_size
+        reference = self._config.batch_size if self._config is not None else self.init_batch_size
         if not ctx.profiler.has_allocation(nodes, k):
             # No timed step on this allocation yet: its prediction would be the exploration prior.
             if current is not None:
-                return current[1:]
+                return current
             kept = decisions.keep_batch(self.limits(), k, reference) or default
             self._log_change(ctx, None, kept, reason, None, None,
                              note="keeping the total batch until this allocation is measured")
-            return kept[1:]
+            return kept
         last = self._last_decision
         measured_last = None
-        if last is not None and last.config[0] == k:
-            found = ctx.profiler.step_time(nodes, *last.config)
+        if last is not None and last.config.replicas == k:
+            found = self._step_time(ctx, last.config)
             measured_last = None if found is None else found[0]
-        here = ctx.profiler.step_time(nodes, *base)
+        here = self._step_time(ctx, base)
         proposal = decisions.decide(ctx.fit_params, evidence, self.limits(), nodes, base, reference,
                                     ctx.profiler.max_local_bsz(), last, measured_last, periodic=periodic,
                                     measured_current_s=None if here is None else here[0])
         if proposal.note.startswith("throughput model misses"):
-            logger.info("keeping batch size %d: %s [%s]", batch_of(base), proposal.note, reason)
+            logger.info("keeping batch size %d: %s [%s]", base.batch_size, proposal.note, reason)
         if proposal.note and proposal.note.startswith("reversal"):
-            logger.info("keeping batch size %d: %s [%s]", batch_of(base), proposal.note, reason)
+            logger.info("keeping batch size %d: %s [%s]", base.batch_size, proposal.note, reason)
         else:
             logger.debug("decision round [%s]: %s -> %s, predicted goodput %s, %s; noise scale %.4g from %d "
-                         "estimates", reason, base, proposal.config, proposal.predicted_gain, proposal.note,
-                         evidence.pgns(self.init_batch_size), evidence.count)
+                         "estimates", reason, base.to_list(), proposal.config.to_list(),
+                         proposal.predicted_gain, proposal.note, evidence.pgns(self.init_batch_size),
+                         evidence.count)
         new = proposal.config
         if new != current:
             self._log_change(ctx, current, new, reason, proposal.predicted_gain, evidence)
-        return new[1:]
+        return new
 
-    def _log_change(self, ctx: AgentContext, old: tuple[int, int, int] | None, new: tuple[int, int, int],
+    def _log_change(self, ctx: AgentContext, old: BatchConfig | None, new: BatchConfig,
                     reason: str, change: float | None, evidence: decisions.Evidence | None,
                     note: str = "") -> None:
         """Log a change of configuration (rank 0): a sentence and a ``decision {JSON}`` line."""
         m0 = float(self.init_batch_size)
         params, nodes = ctx.fit_params, ctx.nodes
         predicted_new = left_pred = model_new = None
-        left_meas = ctx.profiler.step_time(nodes, *old) if old is not None else None
+        left_meas = self._step_time(ctx, old) if old is not None else None
         if params is not None and evidence is not None:
             ref = ctx.profiler.max_local_bsz()
             model_new = predicted_new = decisions.predicted_step_time(params, nodes, new, ref)
@@ -281,10 +315,10 @@ class AdaptiveDataLoader:
             self._last_decision = None
         if ctx.rank != 0:
             return
-        text = (f"batch size {batch_of(new)} (local {new[1]} x {new[2] + 1} micro-step(s) "
-                f"on {new[0]} replica(s))")
+        text = (f"batch size {new.batch_size} (local {new.local_bsz} x {new.micro_steps} micro-step(s) "
+                f"on {new.replicas} replica(s))")
         if old is not None:
-            text = f"batch size {batch_of(old)} -> " + text.split(" ", 2)[2]
+            text = f"batch size {old.batch_size} -> " + text.split(" ", 2)[2]
         if change is not None:
             text += f": predicted goodput {change:+.1%}"
         if evidence is not None:
@@ -298,11 +332,11 @@ class AdaptiveDataLoader:
         logger.info("%s [%s]%s", text, reason, f": {note}" if note else "")
         adp = ctx.adp
         decisions.log_decision({
-            "from": list(old) if old is not None else None,
-            "to": list(new), "reason": reason, "predicted_gain": change, "note": note,
+            "from": old.to_list() if old is not None else None,
+            "to": new.to_list(), "reason": reason, "predicted_gain": change, "note": note,
             "stats": None if evidence is None else evidence.as_dict(m0),
             "left": None if old is None else {
-                "config": list(old), "measured_step_s": None if left_meas is None else left_meas[0],
+                "config": old.to_list(), "measured_step_s": None if left_meas is None else left_meas[0],
                 "measured_steps": None if left_meas is None else left_meas[1],
                 "predicted_step_s": left_pred},
             "new_predicted_step_s": predicted_new, "new_model_step_s": model_new,
@@ -311,9 +345,9 @@ class AdaptiveDataLoader:
     def _check_last_decision(self, ctx: AgentContext) -> None:
         """Once the configuration chosen last was measured, log its step time against the prediction."""
         last = self._last_decision
-        if last is None or last.checked or last.config[0] != ctx.replicas:
+        if last is None or last.checked or last.config.replicas != ctx.replicas:
             return
-        found = ctx.profiler.step_time(ctx.nodes, *last.config)
+        found = self._step_time(ctx, last.config)
         if (found is None or found[1] < decisions.CHECK_AFTER_STEPS
                 or not math.isfinite(last.predicted_step_s)):
             return
@@ -321,11 +355,13 @@ class AdaptiveDataLoader:
         self._last_decision = DecisionRecord(last.config, last.direction, last.log_pgns, last.log_pgns_se,
                                              last.predicted_step_s, checked=True)
 
-    def _apply(self, ctx: AgentContext, choice: tuple[int, int]) -> None:
-        m, s, oom_hi = ctx.broadcast_ints([choice[0], choice[1], self._oom_max_local or 0])
+    def _apply(self, ctx: AgentContext, choice: BatchConfig | None) -> None:
+        """Every replica takes rank 0's ``choice`` (None on the other ranks) and lowered bound."""
+        mine = [0, 0] if choice is None else [choice.local_bsz, choice.accum_steps]
+        m, s, oom_hi = ctx.broadcast_ints([*mine, self._oom_max_local or 0])
         self._oom_max_local = oom_hi or None
         old = self._config
-        self._config = (ctx.replicas, m, s)
+        self._config = BatchConfig(ctx.replicas, m, s)
         self._config_key = self._limits_key()
         if old is not None and old != self._config:
             ctx.fault_point("change")
@@ -333,18 +369,19 @@ class AdaptiveDataLoader:
     def _ensure_config(self, ctx: AgentContext) -> None:
         k = ctx.replicas
         ctx.profiler.note_replicas(k)
-        choice = (0, 0)
+        choice: BatchConfig | None = None
         if ctx.rank == 0:
-            if self._config is not None and self._config[0] == k and self._config_key == self._limits_key():
-                choice = self._config[1:]          # resumed (or re-iterated) with the same replicas
+            config = self._config
+            if config is not None and config.replicas == k and self._config_key == self._limits_key():
+                choice = config          # resumed (or re-iterated) with the same replicas
             else:
-                reason = "start" if self._config is None else (
-                    f"replicas {self._config[0]} -> {k}" if self._config[0] != k else "batch limits changed")
+                reason = "start" if config is None else (
+                    f"replicas {config.replicas} -> {k}" if config.replicas != k else "batch limits changed")
                 choice = self._decide(ctx, reason, periodic=False)
         self._apply(ctx, choice)          # rank 0's choice on every replica
 
     def _refit(self, ctx: AgentContext) -> None:
-        choice = (0, 0)
+        choice: BatchConfig | None = None
         if ctx.rank == 0:
             fit = ctx.profiler.fit(previous=ctx.fit_params)
             ctx.fitter.mark()
@@ -397,16 +434,15 @@ class AdaptiveDataLoader:
         if ctx.rank == 0:
             logger.warning("out of memory at local batch size %d: upper local batch bound lowered to %d",
                            local_bsz, lowered)
-        choice = self._decide(ctx, "out of memory", periodic=False) if ctx.rank == 0 else (0, 0)
+        choice = self._decide(ctx, "out of memory", periodic=False) if ctx.rank == 0 else None
         self._apply(ctx, choice)
         self._it = None
 
     # ---------------------------------------------------------------- iteration
 
-    def _data_iter(self, start: int, cfg: tuple[int, int, int], rank: int) -> Any:
+    def _data_iter(self, start: int, cfg: BatchConfig, rank: int) -> Any:
         if self._it is None or self._it_next != start or self._it_cfg != cfg:
-            k, m, s = cfg
-            self._batch_sampler.segment = (start, k, rank, m, s)
+            self._batch_sampler.start_at(start, rank, cfg)
             self._it = iter(self._dataloader)
             self._it_cfg = cfg
         return self._it
@@ -415,23 +451,25 @@ class AdaptiveDataLoader:
         if torch.cuda.is_available() and torch.cuda.is_initialized():
             torch.cuda.synchronize()
 
-    def _probe_due(self, ctx: AgentContext, plan: Any, k: int, s: int) -> bool:
+    def _probe_due(self, ctx: AgentContext, plan: Any, cfg: BatchConfig) -> bool:
         """Whether this single-replica step is split in two to measure unbiased statistics."""
         adp = ctx.adp
-        if not self.adaptive or k != 1 or s != 0 or not plan.full or plan.micro_steps != 1:
+        assert adp is not None
+        if (not self.adaptive or cfg.replicas != 1 or cfg.accum_steps != 0 or not plan.full
+                or plan.micro_steps != 1):
             return False
         if len(plan.micro_batches[0]) < 2:
             return False
-        if adp._tracker.unbiased_updates < 2 * decisions.MIN_UNBIASED:
+        if adp.unbiased_updates < 2 * decisions.MIN_UNBIASED:
             return True
         return adp.steps % PROBE_EVERY == 0
 
-    def _record_times(self, ctx: AgentContext, info: StepInfo, cfg: tuple[int, int, int],
+    def _record_times(self, ctx: AgentContext, info: StepInfo, cfg: BatchConfig,
                       times: list[float]) -> None:
-        k, m, s = cfg
         if not info.probe:
             accum = sum(times[:-1]) / (len(times) - 1) if len(times) > 1 else None
-            ctx.profiler.record(ctx.nodes, k, m, accum, times[-1], accum_steps=s)
+            ctx.profiler.record(ctx.nodes, cfg.replicas, cfg.local_bsz, accum, times[-1],
+                                accum_steps=cfg.accum_steps)
             return
         half = info.micro_sizes[0]
         if len(set(info.micro_sizes)) != 1 or len(times) != 2:
@@ -439,7 +477,7 @@ class AdaptiveDataLoader:
         if half not in self._probe_shapes:      # the first probe of a shape warms it up
             self._probe_shapes.add(half)
             return
-        ctx.profiler.record(ctx.nodes, k, half, times[0], times[1], side=True)
+        ctx.profiler.record(ctx.nodes, cfg.replicas, half, times[0], times[1], side=True)
 
     def __iter__(self) -> Iterator[Any]:
         ctx = get_context()
@@ -449,7 +487,7 @@ class AdaptiveDataLoader:
                                "AdaptiveDataLoader")
         ctx.active_loader = self
         self._ensure_config(ctx)
-        n, m0 = len(self.dataset), self.init_batch_size
+        n, m0 = self.dataset_len, self.init_batch_size
         epoch = ctx.epoch_state.epoch
         target = (epoch + 1) * n / m0
         tol = 1e-9 * max(1.0, target)
@@ -467,12 +505,12 @@ class AdaptiveDataLoader:
                 return
             cfg = self._config
             assert cfg is not None
-            k, m, s = cfg
-            plan = self.sampler.plan(self.sampler.position, k, rank, m, s)
+            k, m = cfg.replicas, cfg.local_bsz
+            plan = self.sampler.plan(self.sampler.position, k, rank, m, cfg.accum_steps)
             it = self._data_iter(plan.start, cfg, rank)
             batches: list[Any] | None = None
             sizes = plan.local_sizes
-            probe = self._probe_due(ctx, plan, k, s)
+            probe = self._probe_due(ctx, plan, cfg)
             if probe:
                 first = next(it)
                 halves = split_batch(first, sizes[0])

@@ -45,6 +45,7 @@ from typing import Any
 from pollux.goodput import BatchLimits, GoodputModel, GradStats, ThroughputParams, optimize, should_switch
 from pollux.goodput.efficiency import VAR_FLOOR
 from pollux.goodput.model import accumulation_plan, bounded_step_time
+from pollux.torch.api import BatchConfig
 
 logger = logging.getLogger("pollux.torch")
 
@@ -63,9 +64,6 @@ STEP_TIME_TOLERANCE = 0.5
 MODEL_TOLERANCE = 0.3
 #: Steps measured at a new configuration before its step time is checked against the prediction.
 CHECK_AFTER_STEPS = 3
-
-Config = tuple[int, int, int]      # (replicas, local batch m, accumulation steps s)
-
 
 @dataclass(frozen=True, slots=True)
 class Evidence:
@@ -104,7 +102,7 @@ class Evidence:
 class DecisionRecord:
     """What the last decision chose and on which evidence (checkpointed with the loader)."""
 
-    config: Config
+    config: BatchConfig
     direction: int              # +1 the batch grew, −1 it shrank, 0 same batch (another m, s)
     log_pgns: float
     log_pgns_se: float
@@ -113,12 +111,12 @@ class DecisionRecord:
 
     def to_dict(self) -> dict[str, Any]:
         out = asdict(self)
-        out["config"] = list(self.config)
+        out["config"] = self.config.to_list()     # [K, m, s], as checkpoints always stored it
         return out
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> DecisionRecord:
-        return cls(config=tuple(int(v) for v in data["config"]),  # type: ignore[arg-type]
+        return cls(config=BatchConfig.from_seq(data["config"]),
                    direction=int(data["direction"]), log_pgns=float(data["log_pgns"]),
                    log_pgns_se=float(data["log_pgns_se"]), predicted_step_s=float(data["predicted_step_s"]),
                    checked=bool(data.get("checked", False)))
@@ -128,15 +126,10 @@ class DecisionRecord:
 class Proposal:
     """The outcome of one decision round: the configuration to run and why."""
 
-    config: Config
+    config: BatchConfig
     changed: bool
     predicted_gain: float | None = None
     note: str = ""
-
-
-def batch_of(config: Config) -> int:
-    k, m, s = config
-    return k * m * (s + 1)
 
 
 def _finite(x: float) -> float | None:
@@ -147,31 +140,31 @@ def trust_limits(limits: BatchLimits, reference_batch: int, max_measured_local: 
     """``limits`` narrowed to the trust region around what was run and measured."""
     m0 = float(limits.init_batch_size)
     cap = max(GROWTH_CAP * float(reference_batch), m0)
-    hi = float(limits.max_local_bsz)
+    hi = float(limits.max_local)
     if max_measured_local is not None:
         hi = min(hi, max(LOCAL_CAP * float(max_measured_local), float(limits.min_local_bsz)))
-    return replace(limits, max_batch_size=min(float(limits.max_batch_size), cap), max_local_bsz=hi)
+    return replace(limits, max_batch_size=min(float(limits.max_batch), cap), max_local_bsz=hi)
 
 
-def keep_batch(limits: BatchLimits, replicas: int, batch: int) -> Config | None:
+def keep_batch(limits: BatchLimits, replicas: int, batch: int) -> BatchConfig | None:
     """The configuration on ``replicas`` whose total batch is closest above ``batch`` (None if none fits)."""
     target = max(float(batch), float(limits.init_batch_size))
     total, m, s, ok = accumulation_plan(target, replicas, limits, force_single=False)
-    if not bool(ok) or float(total) > float(limits.max_batch_size) * (1.0 + 1e-9):
+    if not bool(ok) or float(total) > float(limits.max_batch) * (1.0 + 1e-9):
         return None
-    return (int(replicas), int(m), int(s))
+    return BatchConfig(int(replicas), int(m), int(s))
 
 
-def predicted_step_time(params: ThroughputParams, nodes: int, config: Config,
+def predicted_step_time(params: ThroughputParams, nodes: int, config: BatchConfig,
                         max_measured_local: int | None = None) -> float:
     """Seconds per optimiser step the throughput model predicts for ``config`` (pass times beyond
     the largest measured local batch bounded by the prior, as in the decision)."""
-    k, m, s = config
-    return float(bounded_step_time(params, nodes, k, m, s, max_measured_local))
+    return float(bounded_step_time(params, nodes, config.replicas, config.local_bsz, config.accum_steps,
+                                   max_measured_local))
 
 
 def decide(params: ThroughputParams, evidence: Evidence, limits: BatchLimits, nodes: int,
-           current: Config, reference_batch: int, max_measured_local: int | None,
+           current: BatchConfig, reference_batch: int, max_measured_local: int | None,
            last: DecisionRecord | None, measured_step_s: float | None, *,
            periodic: bool, measured_current_s: float | None = None) -> Proposal:
     """One guarded decision at ``current`` (see the module docstring); pure, for rank 0.
@@ -181,7 +174,7 @@ def decide(params: ThroughputParams, evidence: Evidence, limits: BatchLimits, no
     of the configuration chosen last (None if not measured yet); ``measured_current_s`` that of
     ``current``.
     """
-    k = current[0]
+    k = current.replicas
     m0 = float(limits.init_batch_size)
     model = GoodputModel(params, evidence.conservative(), m0)
     if measured_current_s is not None and measured_current_s > 0:
@@ -199,15 +192,15 @@ def decide(params: ThroughputParams, evidence: Evidence, limits: BatchLimits, no
     best = float(plan.goodput)
     if best <= 0.0:
         return Proposal(current, False, None, "no valid batch in the trust region")
-    new: Config = (k, int(plan.local_bsz), int(plan.accum_steps))
-    base_tp = batch_of(current) / predicted_step_time(params, nodes, current, max_measured_local)
-    base_good = base_tp * float(model.efficiency(batch_of(current)))
+    new = BatchConfig(k, int(plan.local_bsz), int(plan.accum_steps))
+    base_tp = current.batch_size / predicted_step_time(params, nodes, current, max_measured_local)
+    base_good = base_tp * float(model.efficiency(current.batch_size))
     gain = best / base_good - 1.0 if base_good > 0 else math.inf
     if new == current:
         return Proposal(current, False, gain)
     if periodic and not should_switch(base_good, best):
         return Proposal(current, False, gain, "predicted gain below the 5 % threshold")
-    direction = (batch_of(new) > batch_of(current)) - (batch_of(new) < batch_of(current))
+    direction = (new.batch_size > current.batch_size) - (new.batch_size < current.batch_size)
     if periodic and last is not None and direction != 0 and direction == -last.direction:
         moved = _evidence_moved(evidence, m0, last)
         missed = _prediction_missed(last, measured_step_s)
@@ -232,10 +225,10 @@ def _prediction_missed(last: DecisionRecord, measured_step_s: float | None) -> b
     return abs(ratio - 1.0) > STEP_TIME_TOLERANCE
 
 
-def make_record(new: Config, old: Config | None, evidence: Evidence, m0: float,
+def make_record(new: BatchConfig, old: BatchConfig | None, evidence: Evidence, m0: float,
                 predicted_step_s: float) -> DecisionRecord:
-    ref = batch_of(old) if old is not None else batch_of(new)
-    direction = (batch_of(new) > ref) - (batch_of(new) < ref)
+    ref = old.batch_size if old is not None else new.batch_size
+    direction = (new.batch_size > ref) - (new.batch_size < ref)
     phi = evidence.pgns(m0)
     return DecisionRecord(config=new, direction=direction,
                           log_pgns=math.log(phi) if math.isfinite(phi) and phi > 0 else math.nan,
@@ -247,10 +240,10 @@ def log_decision(payload: dict[str, Any]) -> None:
     logger.info("decision %s", json.dumps(_clean(payload), sort_keys=True, allow_nan=False))
 
 
-def log_step_time_check(config: Config, predicted_s: float, measured_s: float, steps: int) -> None:
+def log_step_time_check(config: BatchConfig, predicted_s: float, measured_s: float, steps: int) -> None:
     ratio = measured_s / predicted_s if predicted_s > 0 else math.inf
     logger.info("step-time check %s", json.dumps(_clean({
-        "config": list(config), "predicted_s": predicted_s, "measured_s": measured_s, "steps": steps,
+        "config": config.to_list(), "predicted_s": predicted_s, "measured_s": measured_s, "steps": steps,
         "measured_over_predicted": ratio}), sort_keys=True, allow_nan=False))
 
 

@@ -4,7 +4,9 @@ A training script runs alone, under ``torchrun``, or as a replica started by the
 service sets the ``POLLUX_*`` variables; torchrun sets ``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR``,
 ``MASTER_PORT`` and ``LOCAL_WORLD_SIZE`` (and ``LOCAL_RANK``, ``GROUP_RANK``). Each ``POLLUX_*`` variable
 takes precedence over its torchrun counterpart, one variable at a time; with neither set the job is a
-single process. This module only parses: it imports neither torch nor anything that talks to a network.
+single process. The ``POLLUX_*`` names are those of :mod:`pollux.contract`, which the service's launcher
+sets from the same constants. This module only parses: it imports neither torch nor anything that talks
+to a network.
 """
 
 from __future__ import annotations
@@ -13,15 +15,27 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from pollux.contract import (
+    ENV_CHECKPOINT_DIR,
+    ENV_JOB_ID,
+    ENV_JOB_TOKEN,
+    ENV_MASTER_ADDR,
+    ENV_MASTER_PORT,
+    ENV_NODE_RANK,
+    ENV_NUM_NODES,
+    ENV_NUM_REPLICAS,
+    ENV_RANK,
+    ENV_RESTARTS,
+    ENV_SCHEDULER_URL,
+    POLLUX_VARS,
+)
+
 #: Rendezvous used when a distributed run names no master address or port.
 DEFAULT_MASTER_ADDR = "127.0.0.1"
 DEFAULT_MASTER_PORT = 29500
 
-POLLUX_VARS = (
-    "POLLUX_JOB_ID", "POLLUX_RANK", "POLLUX_NUM_REPLICAS", "POLLUX_NODE_RANK", "POLLUX_NUM_NODES",
-    "POLLUX_MASTER_ADDR", "POLLUX_MASTER_PORT", "POLLUX_CHECKPOINT_DIR", "POLLUX_RESTARTS",
-    "POLLUX_SCHEDULER_URL", "POLLUX_JOB_TOKEN",
-)
+__all__ = ["DEFAULT_MASTER_ADDR", "DEFAULT_MASTER_PORT", "POLLUX_VARS", "TORCHRUN_VARS", "AgentEnv",
+           "read_env"]   # POLLUX_VARS: re-exported from pollux.contract, where the service reads it too
 TORCHRUN_VARS = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "LOCAL_WORLD_SIZE", "LOCAL_RANK",
                  "GROUP_RANK")
 
@@ -89,11 +103,12 @@ def _int(environ: Mapping[str, str], name: str, *, minimum: int) -> int | None:
     return value
 
 
-def _first(*values: int | str | None) -> int | str | None:
+def _first(*values: int | None, default: int) -> int:
+    """The first value that is set (variables in order of precedence), else ``default``."""
     for value in values:
         if value is not None:
             return value
-    return None
+    return default
 
 
 def read_env(environ: Mapping[str, str] | None = None) -> AgentEnv:
@@ -106,11 +121,11 @@ def read_env(environ: Mapping[str, str] | None = None) -> AgentEnv:
     replicas, a port outside 1..65535).
     """
     env = os.environ if environ is None else environ
-    p_rank = _int(env, "POLLUX_RANK", minimum=0)
-    p_replicas = _int(env, "POLLUX_NUM_REPLICAS", minimum=1)
-    p_node_rank = _int(env, "POLLUX_NODE_RANK", minimum=0)
-    p_nodes = _int(env, "POLLUX_NUM_NODES", minimum=1)
-    p_port = _int(env, "POLLUX_MASTER_PORT", minimum=1)
+    p_rank = _int(env, ENV_RANK, minimum=0)
+    p_replicas = _int(env, ENV_NUM_REPLICAS, minimum=1)
+    p_node_rank = _int(env, ENV_NODE_RANK, minimum=0)
+    p_nodes = _int(env, ENV_NUM_NODES, minimum=1)
+    p_port = _int(env, ENV_MASTER_PORT, minimum=1)
     t_rank = _int(env, "RANK", minimum=0)
     t_world = _int(env, "WORLD_SIZE", minimum=1)
     t_port = _int(env, "MASTER_PORT", minimum=1)
@@ -125,9 +140,9 @@ def read_env(environ: Mapping[str, str] | None = None) -> AgentEnv:
     else:
         source = "single"
 
-    rank = int(_first(p_rank, t_rank, 0))
-    replicas = int(_first(p_replicas, t_world, 1))
-    rank_var = "POLLUX_RANK" if p_rank is not None else "RANK"
+    rank = _first(p_rank, t_rank, default=0)
+    replicas = _first(p_replicas, t_world, default=1)
+    rank_var = ENV_RANK if p_rank is not None else "RANK"
     if rank >= replicas:
         raise ValueError(f"{rank_var}: rank {rank} is outside a world of {replicas} replicas")
 
@@ -137,21 +152,21 @@ def read_env(environ: Mapping[str, str] | None = None) -> AgentEnv:
         torchrun_nodes = max(-(-replicas // t_local_world), 1)
         if torchrun_node_rank is None:
             torchrun_node_rank = rank // t_local_world
-    nodes = int(_first(p_nodes, torchrun_nodes, 1))
-    node_rank = int(_first(p_node_rank, torchrun_node_rank, 0))
-    nodes_var = "POLLUX_NUM_NODES" if p_nodes is not None else "WORLD_SIZE/LOCAL_WORLD_SIZE"
+    nodes = _first(p_nodes, torchrun_nodes, default=1)
+    node_rank = _first(p_node_rank, torchrun_node_rank, default=0)
+    nodes_var = ENV_NUM_NODES if p_nodes is not None else "WORLD_SIZE/LOCAL_WORLD_SIZE"
     if nodes > replicas:
         raise ValueError(f"{nodes_var}: {nodes} nodes for only {replicas} replicas")
     if node_rank >= nodes:
-        var = "POLLUX_NODE_RANK" if p_node_rank is not None else "GROUP_RANK"
+        var = ENV_NODE_RANK if p_node_rank is not None else "GROUP_RANK"
         raise ValueError(f"{var}: node rank {node_rank} is outside {nodes} nodes")
 
-    port = int(_first(p_port, t_port, DEFAULT_MASTER_PORT))
+    port = _first(p_port, t_port, default=DEFAULT_MASTER_PORT)
     if port > 65535:
-        var = "POLLUX_MASTER_PORT" if p_port is not None else "MASTER_PORT"
+        var = ENV_MASTER_PORT if p_port is not None else "MASTER_PORT"
         raise ValueError(f"{var}: port {port} is outside 1..65535")
-    addr = str(_first(_get(env, "POLLUX_MASTER_ADDR"), _get(env, "MASTER_ADDR"), DEFAULT_MASTER_ADDR))
-    restarts = _int(env, "POLLUX_RESTARTS", minimum=0) or 0
+    addr = _get(env, ENV_MASTER_ADDR) or _get(env, "MASTER_ADDR") or DEFAULT_MASTER_ADDR
+    restarts = _int(env, ENV_RESTARTS, minimum=0) or 0
 
     return AgentEnv(
         rank=rank,
@@ -161,10 +176,10 @@ def read_env(environ: Mapping[str, str] | None = None) -> AgentEnv:
         local_rank=t_local_rank if t_local_rank is not None else 0,
         master_addr=addr,
         master_port=port,
-        job_id=_get(env, "POLLUX_JOB_ID"),
-        checkpoint_dir=_get(env, "POLLUX_CHECKPOINT_DIR"),
+        job_id=_get(env, ENV_JOB_ID),
+        checkpoint_dir=_get(env, ENV_CHECKPOINT_DIR),
         restarts=restarts,
-        scheduler_url=_get(env, "POLLUX_SCHEDULER_URL"),
-        job_token=_get(env, "POLLUX_JOB_TOKEN"),
+        scheduler_url=_get(env, ENV_SCHEDULER_URL),
+        job_token=_get(env, ENV_JOB_TOKEN),
         source=source,
     )

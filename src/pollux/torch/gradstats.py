@@ -1,6 +1,6 @@
 """Gradient-noise statistics of one training job, measured from DDP's gradient buckets (SPEC §2).
 
-``_GradTracker`` is the measuring half of :class:`~pollux.torch.parallel.AdaptiveDataParallel`: it
+``GradTracker`` is the measuring half of :class:`~pollux.torch.parallel.AdaptiveDataParallel`: it
 keeps, per gradient bucket, a layout of which runs of the flat buffer belong to which optimiser
 parameter group (keyed on the buffer and its parameters, so a bucket DDP rebuilt is never read with
 a stale layout), the Adam pre-conditioner flattened per bucket, the per-step local and total squared
@@ -15,7 +15,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
@@ -28,8 +28,11 @@ from pollux.goodput import (
     estimate_from_norms,
 )
 from pollux.goodput.efficiency import EMA_DECAY
-from pollux.torch.context import StepInfo, SyncOutcome
+from pollux.torch.api import StepInfo, SyncOutcome
 from pollux.torch.decisions import Evidence
+
+if TYPE_CHECKING:
+    from pollux.torch.context import AgentContext
 
 #: The Adam pre-conditioner is used once the optimiser has taken this many steps (SPEC §2).
 PRECOND_MIN_STEPS = 5
@@ -119,7 +122,7 @@ class _Pending:
     diff_valid: bool
 
 
-class _GradTracker:
+class GradTracker:
     """Per-step gradient measurements and the smoothed statistics per parameter group."""
 
     def __init__(self, optimizer: torch.optim.Optimizer, device: torch.device,
@@ -151,7 +154,8 @@ class _GradTracker:
         self.layouts: dict[int, _Layout] = {}
         self.seen_buckets: set[int] = set()
         self.param_pc2: dict[int, torch.Tensor] = {}
-        self.ctx: Any = None
+        #: The agent context: the control flags sent with each step and the progress to compare.
+        self.ctx: AgentContext | None = None
         # Per step.
         self.step: StepInfo | None = None
         self.mode = "off"
@@ -225,7 +229,7 @@ class _GradTracker:
                 if p.requires_grad:
                     self.micro_handles.append(p.register_hook(self._micro_hook(gi, p)))
 
-    def _micro_hook(self, gi: int, param: torch.Tensor) -> Callable[[torch.Tensor], None]:
+    def _micro_hook(self, gi: int, param: torch.Tensor) -> Callable[[torch.Tensor], torch.Tensor | None]:
         pid = id(param)
 
         def hook(grad: torch.Tensor) -> torch.Tensor | None:

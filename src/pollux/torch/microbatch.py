@@ -11,6 +11,7 @@ from typing import Any
 
 import torch
 
+from pollux.torch.api import BatchConfig
 from pollux.torch.sampler import ElasticSampler
 
 
@@ -49,16 +50,20 @@ def split_batch(batch: Any, size: int) -> tuple[Any, Any] | None:
     return (a, b) if ok[0] else None
 
 
-class _PlanBatchSampler:
+class PlanBatchSampler:
     """Feeds the DataLoader this replica's micro-batch indices from a segment of step plans."""
 
     def __init__(self, sampler: ElasticSampler) -> None:
         self.sampler = sampler
-        self.segment: tuple[int, int, int, int, int] = (0, 1, 0, 1, 0)
+        self.start, self.rank, self.config = 0, 0, BatchConfig(1, 1, 0)
+
+    def start_at(self, start: int, rank: int, config: BatchConfig) -> None:
+        """The next iteration yields ``rank``'s micro-batches of the steps from sample ``start`` on."""
+        self.start, self.rank, self.config = int(start), int(rank), config
 
     def __iter__(self) -> Iterator[list[int]]:
-        start, k, rank, m, s = self.segment
-        for plan in self.sampler.iter_plans(start, k, rank, m, s):
+        cfg = self.config
+        for plan in self.sampler.iter_plans(self.start, cfg.replicas, self.rank, cfg.local_bsz,
+                                            cfg.accum_steps):
             for micro in plan.micro_batches:
                 yield list(micro)
-

@@ -27,8 +27,9 @@ and progress grows by ``gain(S)``.
 
 from __future__ import annotations
 
-import gc
 import logging
+import sys
+import time
 import types
 from collections.abc import Callable
 from typing import Any
@@ -37,15 +38,18 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
+from pollux.contract import EVENT_FIRST_STEP, format_event
 from pollux.goodput import (
     GradStats,
     ScalingRule,
     gain,
     scaling_rule_for,
 )
-from pollux.torch.context import StepInfo, SyncOutcome, get_context, is_oom
+from pollux.torch.api import BatchLoader, StepInfo, SyncOutcome
+from pollux.torch.context import AgentContext, get_context
 from pollux.torch.decisions import MIN_UNBIASED, Evidence
-from pollux.torch.gradstats import _GradTracker
+from pollux.torch.gradstats import GradTracker
+from pollux.torch.oom import first_batch_dim, free_memory, is_oom, placeholder_forward, synthetic_oom
 
 logger = logging.getLogger("pollux.torch")
 
@@ -55,34 +59,6 @@ logger = logging.getLogger("pollux.torch")
 MIN_STATS_UPDATES = 10
 
 
-def synthetic_oom(local_bsz: int) -> BaseException:
-    oom_type = getattr(torch, "OutOfMemoryError", None) or RuntimeError
-    return oom_type(f"CUDA out of memory at local batch size {local_bsz} "
-                    "(synthetic: pollux.torch fault injection)")
-
-
-def _tree_map(fn: Callable[[Any], Any], obj: Any) -> Any:
-    if isinstance(obj, tuple) and hasattr(obj, "_fields"):
-        return type(obj)(*(_tree_map(fn, x) for x in obj))
-    if isinstance(obj, tuple | list):
-        return type(obj)(_tree_map(fn, x) for x in obj)
-    if isinstance(obj, dict):
-        return type(obj)((k, _tree_map(fn, v)) for k, v in obj.items())
-    return fn(obj)
-
-
-def _first_batch_dim(obj: Any) -> int | None:
-    found: list[int] = []
-
-    def visit(x: Any) -> Any:
-        if not found and isinstance(x, torch.Tensor) and x.dim() >= 1:
-            found.append(int(x.shape[0]))
-        return x
-
-    _tree_map(visit, obj)
-    return found[0] if found else None
-
-
 def _delegate(target: Callable[..., Any]) -> Callable[..., Any]:
     """A function whose first argument (the object it is bound to) is dropped before calling target."""
     def method(_owner: Any, *args: Any, **kwargs: Any) -> Any:
@@ -90,6 +66,23 @@ def _delegate(target: Callable[..., Any]) -> Callable[..., Any]:
 
     method.__doc__ = getattr(target, "__doc__", None)
     return method
+
+
+def _announce_first_step(ctx: AgentContext) -> None:
+    """Once per run: the moment this replica trains again after a (re)start.
+
+    Written twice: a sentence on the ``pollux.torch`` logger for people, and the structured event
+    :data:`pollux.contract.EVENT_FIRST_STEP` on the process's stderr (a replica's stdout and stderr
+    are its log file under the service, whatever the script did with ``logging``), which tools such as
+    the re-allocation benchmark read with :func:`pollux.contract.parse_events`.
+    """
+    logger.info("first optimizer step of this run done (rank %d of %d)", ctx.rank, ctx.replicas)
+    line = format_event(EVENT_FIRST_STEP, time.time(), rank=ctx.rank, replicas=ctx.replicas,
+                        restarts=ctx.env.restarts)
+    try:
+        print(line, file=sys.stderr, flush=True)
+    except (OSError, ValueError):   # pragma: no cover - stderr closed: the event is informational
+        pass
 
 
 class _ModuleState:
@@ -111,7 +104,7 @@ def _pollux_comm_hook(tracker, bucket):  # unannotated: DDP checks the annotatio
     The local norms are taken before the all-reduce. The norms of the averaged gradient are taken in
     the completion callback when gradients are views of the buckets (the default: user code may
     modify them in place before the optimiser step), else at the end of the step in the training
-    thread (``_GradTracker.finish``). The first bucket of each step also carries the step's control
+    thread (``GradTracker.finish``). The first bucket of each step also carries the step's control
     flags and the previous step's local norms, appended to a reused copy of it (that bucket is
     small: DDP caps it at about 1 MiB).
     """
@@ -155,21 +148,29 @@ def _pollux_comm_hook(tracker, bucket):  # unannotated: DDP checks the annotatio
     return fut.then(done)
 
 
-class _AdpState:
-    """Checkpointed state of the wrapper: progress, steps, smoothed gradient statistics."""
+class WrapperState:
+    """The wrapper's own checkpointed state: progress, optimiser updates, λ and the gradient statistics.
 
-    def __init__(self, adp: AdaptiveDataParallel) -> None:
-        self.adp = adp
+    ``AdaptiveDataParallel`` keeps its counters here and registers this object as ``pollux_adp``, so
+    the checkpoint goes through ``state_dict``/``load_state_dict`` (the wrapper's own ``state_dict`` is
+    the module's, as in DDP).
+    """
+
+    def __init__(self, tracker: GradTracker) -> None:
+        self.tracker = tracker
+        self.progress = 0.0       # scale-invariant iterations
+        self.steps = 0            # optimiser updates applied
+        self.lr_factor = 1.0      # λ of the last update
 
     def state_dict(self) -> dict[str, Any]:
-        return {"progress": self.adp._progress, "steps": self.adp._steps,
-                "lr_factor": self.adp._lr_factor, "grad": self.adp._tracker.state_dict()}
+        return {"progress": self.progress, "steps": self.steps, "lr_factor": self.lr_factor,
+                "grad": self.tracker.state_dict()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.adp._progress = float(state["progress"])
-        self.adp._steps = int(state["steps"])
-        self.adp._lr_factor = float(state.get("lr_factor", 1.0))
-        self.adp._tracker.load_state_dict(state["grad"])
+        self.progress = float(state["progress"])
+        self.steps = int(state["steps"])
+        self.lr_factor = float(state.get("lr_factor", 1.0))
+        self.tracker.load_state_dict(state["grad"])
 
 
 class AdaptiveDataParallel(DistributedDataParallel):
@@ -199,22 +200,20 @@ class AdaptiveDataParallel(DistributedDataParallel):
         self.lr_scheduler = lr_scheduler
         self.scaler = scaler
         self.scaling_rule: ScalingRule = scaling_rule or scaling_rule_for(type(optimizer).__name__)
-        self._progress = 0.0
-        self._steps = 0
         self._logged_first_step = False
-        self._lr_factor = 1.0
         self._inject_ooms = 0
         device = next((p.device for p in module.parameters()), torch.device("cpu"))
         self._on_cuda = device.type == "cuda"
-        self._tracker = _GradTracker(optimizer, device, self.process_group,
-                                     totals_in_callback=bool(getattr(self, "gradient_as_bucket_view", False)))
+        self._tracker = GradTracker(optimizer, device, self.process_group,
+                                    totals_in_callback=bool(getattr(self, "gradient_as_bucket_view", False)))
         self._tracker.ctx = ctx
+        self._state = WrapperState(self._tracker)
         ctx.registry.register("optimizer", optimizer)
         if lr_scheduler is not None:
             ctx.registry.register("lr_scheduler", lr_scheduler)
         if scaler is not None:
             ctx.registry.register("grad_scaler", scaler)
-        ctx.registry.register("pollux_adp", _AdpState(self))
+        ctx.registry.register("pollux_adp", self._state)
         self._tracker.after_optimizer_step()   # a restored Adam state activates the pre-conditioner
         self.register_comm_hook(self._tracker, _pollux_comm_hook)
         self._orig_step = optimizer.step
@@ -223,8 +222,9 @@ class AdaptiveDataParallel(DistributedDataParallel):
         # ``optimizer.step.__func__`` to the optimiser, as torch's LR schedulers do, still works.
         step = _delegate(self._wrapped_step)
         step._wrapped_by_lr_sched = True  # type: ignore[attr-defined]  # we set _opt_called ourselves
-        optimizer.step = types.MethodType(step, optimizer)
-        optimizer.zero_grad = types.MethodType(_delegate(self._wrapped_zero_grad), optimizer)
+        optimizer.step = types.MethodType(step, optimizer)  # type: ignore[method-assign]
+        optimizer.zero_grad = types.MethodType(  # type: ignore[method-assign]
+            _delegate(self._wrapped_zero_grad), optimizer)
         # The scaler's per-iteration calls are no-ops until the final micro-step of an accumulation
         # (unscaling or updating the scale mid-way would corrupt the accumulated gradients). The LR
         # scheduler is left alone (patching it would leak into its state_dict): step it per epoch,
@@ -252,7 +252,8 @@ class AdaptiveDataParallel(DistributedDataParallel):
 
     # ---------------------------------------------------------------- steps
 
-    def _begin_step(self, info: StepInfo) -> None:
+    def begin_step(self, info: StepInfo) -> None:
+        """Agent hook (called by the context when a step is announced): prepare its measurement."""
         if self.scaler is not None and self.scaler.is_enabled():
             info.scaler_scale = float(self.scaler.get_scale())
         self._tracker.begin_step(info)
@@ -273,7 +274,7 @@ class AdaptiveDataParallel(DistributedDataParallel):
         info = self._current_step()
         if not self._oom_recoverable(info):
             return super().forward(*inputs, **kwargs)
-        local_bsz = _first_batch_dim((inputs, kwargs)) or info.local_bsz
+        local_bsz = first_batch_dim((inputs, kwargs)) or info.local_bsz
         try:
             self._maybe_inject_oom(local_bsz)
             return super().forward(*inputs, **kwargs)
@@ -284,16 +285,16 @@ class AdaptiveDataParallel(DistributedDataParallel):
         logger.warning("out of memory in the forward pass at local batch size %d (rank %d): "
                        "skipping this step", local_bsz, self._ctx.rank)
         self._ctx.oom_in_step = True
-        gc.collect()
-        if torch.cuda.is_available():
-            torch.cuda.empty_cache()
-        return self._placeholder_forward(local_bsz, inputs, kwargs)
+        free_memory()
+        # The replica must still take part in the step's all-reduces; its gradients are discarded
+        # (every replica skips the update once the OOM flag is reduced).
+        return placeholder_forward(super().forward, local_bsz, inputs, kwargs)
 
     def _oom_recoverable(self, info: StepInfo) -> bool:
         """Out-of-memory recovery applies to loader-driven steps without a user upper local bound,
         on CUDA (or when faults are injected)."""
         loader = self._ctx.active_loader
-        if not info.managed or loader is None or loader._user_max_local is not None:
+        if not info.managed or loader is None or loader.user_max_local_bsz is not None:
             return False
         return self._on_cuda or self._inject_ooms > 0 or self._ctx.fault_oom_above is not None
 
@@ -305,28 +306,9 @@ class AdaptiveDataParallel(DistributedDataParallel):
         if limit is not None and local_bsz > limit:
             raise synthetic_oom(local_bsz)
 
-    def _placeholder_forward(self, local_bsz: int, inputs: Any, kwargs: Any) -> Any:
-        """Run the forward pass on one example and broadcast its output to the batch's shape.
-
-        The replica must still take part in the step's all-reduces; its gradients are discarded
-        (every replica skips the update once the OOM flag is reduced).
-        """
-        def shrink(x: Any) -> Any:
-            if isinstance(x, torch.Tensor) and x.dim() >= 1 and x.shape[0] == local_bsz:
-                return x[:1]
-            return x
-
-        def grow(x: Any) -> Any:
-            if isinstance(x, torch.Tensor) and x.dim() >= 1 and x.shape[0] == 1 and local_bsz > 1:
-                return x.expand(local_bsz, *x.shape[1:]).contiguous()
-            return x
-
-        small_inputs, small_kwargs = _tree_map(shrink, (inputs, kwargs))
-        out = super().forward(*small_inputs, **small_kwargs)
-        return _tree_map(grow, out)
-
-    def _release_process_group(self) -> None:
-        """Drop the references this wrapper holds to the process group (see ``AgentContext.shutdown``)."""
+    def release_process_group(self) -> None:
+        """Agent hook: drop the references this wrapper holds to the process group, which the context
+        is tearing down (see ``AgentContext.shutdown``). The wrapper is unusable afterwards."""
         self._tracker.process_group = None
         for name in ("reducer", "logger"):
             if name in self.__dict__:
@@ -341,10 +323,14 @@ class AdaptiveDataParallel(DistributedDataParallel):
         """
         self._inject_ooms += max(int(times), 0)
 
-    def _finish_sync(self, info: StepInfo) -> SyncOutcome:
+    def finish_sync(self, info: StepInfo) -> SyncOutcome:
+        """Agent hook: complete the step's statistics and return what the replicas agreed on (the
+        flags of the step's all-reduce). Idempotent per step."""
         return self._tracker.finish(info)
 
-    def _discard_gradients(self) -> None:
+    def discard_gradients(self) -> None:
+        """Agent hook: drop the step's gradients (every replica skips an update one of them could not
+        compute, after an out-of-memory error)."""
         self._orig_zero_grad(set_to_none=True)
 
     def _wrapped_zero_grad(self, *args: Any, **kwargs: Any) -> Any:
@@ -369,7 +355,7 @@ class AdaptiveDataParallel(DistributedDataParallel):
         outcome = self._tracker.finish(info)
         if outcome.oom:
             info.skipped = True
-            self._discard_gradients()
+            self.discard_gradients()
             return None
         stats = self._tracker.stats()
         factor = float(self.scaling_rule(info.scale, stats, self._epoch_fraction()))
@@ -383,15 +369,14 @@ class AdaptiveDataParallel(DistributedDataParallel):
             for g, lr in zip(groups, saved, strict=True):
                 g["lr"] = lr
         info.stepped = True
-        self.optimizer._opt_called = True      # what torch's LR schedulers check (see __init__)
-        self._lr_factor = factor
-        self._steps += 1
+        # What torch's LR schedulers check (see __init__): a private flag of torch's, set on purpose.
+        self.optimizer._opt_called = True  # type: ignore[attr-defined]
+        self._state.lr_factor = factor
+        self._state.steps += 1
         if not self._logged_first_step:
-            # One line per run: when this replica trains again after a (re)start; the scheduler's
-            # benchmark of re-allocation delays reads it, and so can a person reading the logs.
             self._logged_first_step = True
-            logger.info("first optimizer step of this run done (rank %d of %d)", ctx.rank, ctx.replicas)
-        self._progress += float(gain(info.nominal_scale, stats.sqr, stats.var)) * info.fraction
+            _announce_first_step(ctx)
+        self._state.progress += float(gain(info.nominal_scale, stats.sqr, stats.var)) * info.fraction
         self._tracker.after_optimizer_step()
         if not info.managed:
             info.finished = True
@@ -408,19 +393,19 @@ class AdaptiveDataParallel(DistributedDataParallel):
         loader = self._ctx.active_loader
         if loader is None:
             return float(self._ctx.epoch_state.epoch)
-        return self._progress * loader.init_batch_size / len(loader.dataset)
+        return self._state.progress * loader.init_batch_size / loader.dataset_len
 
     # ---------------------------------------------------------------- accessors
 
     @property
     def progress(self) -> float:
         """Training progress in scale-invariant iterations (M0-sized steps)."""
-        return self._progress
+        return self._state.progress
 
     @property
     def steps(self) -> int:
         """Optimiser steps applied so far."""
-        return self._steps
+        return self._state.steps
 
     @property
     def grad_stats(self) -> GradStats:
@@ -437,6 +422,11 @@ class AdaptiveDataParallel(DistributedDataParallel):
         return self._tracker.updates >= MIN_STATS_UPDATES
 
     @property
+    def unbiased_updates(self) -> int:
+        """Steps that gave an unbiased (multi-sample) estimate of the gradient statistics."""
+        return self._tracker.unbiased_updates
+
+    @property
     def decision_ready(self) -> bool:
         """Whether the statistics may drive batch-size decisions: enough unbiased estimates."""
         return self._tracker.unbiased_updates >= MIN_UNBIASED
@@ -450,7 +440,7 @@ class AdaptiveDataParallel(DistributedDataParallel):
         """True while the statistics come only from the differenced (biased) estimator."""
         return not any(s.has_unbiased for s in self._tracker.states)
 
-    def _loader(self) -> Any:
+    def _loader(self) -> BatchLoader | None:
         ctx = self._ctx
         if ctx.active_loader is not None:
             return ctx.active_loader
@@ -493,22 +483,22 @@ class AdaptiveDataParallel(DistributedDataParallel):
     @property
     def lr_factor(self) -> float:
         """λ applied to the learning rate at the last optimiser step."""
-        return self._lr_factor
+        return self._state.lr_factor
 
     def to_scalars(self) -> dict[str, float]:
         """Scalars for TensorBoard or logs (``writer.add_scalar(k, v, step)`` for each)."""
         stats = self.grad_stats
         loader = self._loader()
         out = {
-            "progress": self._progress,
-            "steps": float(self._steps),
+            "progress": self._state.progress,
+            "steps": float(self._state.steps),
             "epoch": float(self._ctx.epoch_state.epoch),
             "grad_sqr": stats.sqr,
             "grad_var": stats.var,
             "pgns": self.pgns,
             "gain": self.gain,
             "efficiency": self.efficiency,
-            "lr_factor": self._lr_factor,
+            "lr_factor": self._state.lr_factor,
             "replicas": float(self._ctx.replicas),
         }
         if loader is not None:

@@ -20,12 +20,10 @@ import urllib.request
 from collections.abc import Mapping
 from typing import Any
 
+from pollux.contract import ENV_SCHEDULER_URL
 from pollux.hints import hints_path, validate_hints
 
 logger = logging.getLogger("pollux.torch")
-
-#: The variable that names the scheduler's URL (parsed by :mod:`pollux.torch.env`), for messages.
-ENV_URL = "POLLUX_SCHEDULER_URL"
 
 
 def _is_loopback(host: str) -> bool:
@@ -61,7 +59,7 @@ class HintReporter:
             self._valid_url = parts.scheme in ("http", "https") and bool(parts.hostname)
             if not self._valid_url:
                 logger.warning("%s=%r is not an http(s) URL; hints reporting is disabled",
-                               ENV_URL, self.url)
+                               ENV_SCHEDULER_URL, self.url)
             elif _is_loopback(parts.hostname or ""):
                 handlers.append(urllib.request.ProxyHandler({}))
         self._opener = urllib.request.build_opener(*handlers)
@@ -78,7 +76,7 @@ class HintReporter:
     @property
     def endpoint(self) -> str | None:
         """The full hints URL, or None when disabled."""
-        if not self.enabled:
+        if not self.enabled or self.job_id is None:
             return None
         return f"{self.url}{hints_path(self.job_id)}"
 
@@ -103,6 +101,7 @@ class HintReporter:
 
     def _send(self, body: dict[str, Any]) -> bool:
         endpoint = self.endpoint
+        assert endpoint is not None        # only called with hints that _prepare let through
         try:
             data = json.dumps(body, allow_nan=False).encode("utf-8")
             headers = {"Content-Type": "application/json", "Accept": "application/json",
