@@ -148,7 +148,8 @@ def _timestamp(path: Path, line: int, text: str) -> datetime:
     if not match:
         raise ValueError(bad)
     try:
-        return datetime(*(int(g) for g in match.groups()))
+        year, month, day, hour, minute, second = (int(g) for g in match.groups())
+        return datetime(year, month, day, hour, minute, second)
     except ValueError:
         raise ValueError(bad) from None
 
