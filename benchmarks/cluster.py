@@ -24,20 +24,17 @@ import json
 import logging
 import os
 import platform
-import re
 import signal
 import statistics
 import sys
 import tempfile
 import time
-from datetime import datetime
 from pathlib import Path
 
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 DIGITS = ROOT / "examples" / "digits" / "train.py"
-FIRST_STEP = re.compile(r"^(\S+ \S+) pollux\.torch INFO first optimizer step of this run done", re.M)
 PLACEMENTS = [
     {"node-0": 1},
     {"node-0": 1, "node-1": 1},
@@ -53,17 +50,21 @@ def log(msg: str) -> None:
 
 
 def first_step_times(log_dir: Path, job_id: str, restart: int, replicas: int) -> list[float]:
-    """Wall-clock times at which each rank of a restart logged its first optimizer step."""
+    """Wall-clock times at which each rank of a restart finished its first optimizer step: the
+    ``first_step`` event (:data:`pollux.contract.EVENT_FIRST_STEP`) the agent writes to its rank log.
+    Empty until every rank has written one."""
+    from pollux.contract import EVENT_FIRST_STEP, parse_events
+
     out = []
     for rank in range(replicas):
         path = log_dir / job_id / f"restart-{restart}" / f"rank-{rank}.log"
         try:
-            m = FIRST_STEP.search(path.read_text(errors="replace"))
+            events = parse_events(path.read_text(errors="replace"), EVENT_FIRST_STEP)
         except FileNotFoundError:
-            m = None
-        if m is None:
+            events = []
+        if not events:
             return []
-        out.append(datetime.strptime(m.group(1), "%Y-%m-%d %H:%M:%S,%f").timestamp())
+        out.append(events[0].time)
     return out
 
 
@@ -96,8 +97,7 @@ def bench_reallocation(moves: int, timeout_s: float) -> dict:
         job = store.submit({"entrypoint": str(DIGITS), "args": ["--epochs", "100000"],
                             "working_dir": str(ROOT), "init_batch_size": 16, "max_batch_size": 512,
                             "local_bsz_bounds": [8, 256]}, name="digits")
-        store.transition(job.id, "starting")
-        store.set_allocation(job.id, PLACEMENTS[0])
+        store.transition(job.id, "starting", allocation=PLACEMENTS[0])
 
         def tick_until(cond, what: str) -> None:
             deadline = time.monotonic() + timeout_s
@@ -171,10 +171,10 @@ def bench_round(num_jobs: int, rounds: int, seed: int) -> dict:
             now = float(num_jobs + 60 * r)
             t = time.perf_counter()
             result = sched.run_round(now)
-            for jid, row in result.changed.items():     # what the service writes after a round
-                if row and store.get_job(jid).state == "pending":
-                    store.transition(jid, "starting", now=now)
-                store.set_allocation(jid, row, now=now)
+            for jid, row in result.changed.items():     # what Controller.run_round writes after a round
+                start = bool(row) and store.get_job(jid).state == "pending"
+                store.transition(jid, "starting" if start else None, reason="allocated", now=now,
+                                 allocation=row)
             times.append(time.perf_counter() - t)
         store.close()
     return {"jobs": num_jobs, "cluster": "16 nodes x 4 GPUs", "rounds": rounds,

@@ -7,8 +7,11 @@ import time
 import numpy as np
 import pytest
 
-from pollux.cluster.scheduler import RoundResult, Scheduler, apply_to_store, job_view, schedule_once
-from pollux.cluster.store import _TRANSITIONS, JobStore
+from fake_backend import FakeBackend
+from pollux.cluster.controller import Controller, ControllerConfig
+from pollux.cluster.lifecycle import TRANSITIONS
+from pollux.cluster.scheduler import RoundResult, Scheduler, job_view, schedule_once
+from pollux.cluster.store import JobStore
 from pollux.goodput.records import GradStats, ThroughputParams
 from pollux.hints import build_hints
 from pollux.policy.base import Cluster, check_allocation
@@ -43,6 +46,13 @@ def submit(store, n, t0=0.0, **kw):
 
 def total(alloc):
     return sum(sum(r.values()) for r in alloc.values())
+
+
+def controller(store, sched, tmp_path):
+    """The production path that applies a round: the controller, over a fake backend shaped like
+    CLUSTER (rounds only; nothing is launched)."""
+    backend = FakeBackend(dict(zip(CLUSTER.nodes, CLUSTER.gpus, strict=True)))
+    return Controller(store, backend, sched, ControllerConfig(state_dir=tmp_path))
 
 
 def test_job_view_without_hints_has_no_model_and_rigid_fixed(store):
@@ -82,11 +92,12 @@ def test_job_with_fitted_hints_is_handled(store):
     assert total(res.allocation) <= CLUSTER.total_gpus
 
 
-def test_second_round_reports_only_real_changes_and_state_persists(store):
+def test_second_round_reports_only_real_changes_and_state_persists(store, tmp_path):
     submit(store, 4)
     sched = Scheduler(store, CLUSTER)
-    first = sched.run_round(100.0)
-    apply_to_store(store, first, 100.0)
+    controller(store, sched, tmp_path).run_round(100.0)
+    first = sched.last_result
+    assert first is not None
     assert store.current_allocations() == first.allocation
     state1 = store.load_policy_state("pollux")
     assert state1 is not None
@@ -119,28 +130,27 @@ def test_unknown_policy_and_bad_interval_are_rejected(store):
         Scheduler(store, CLUSTER, interval_s=0)
 
 
-def test_apply_to_store_records_legal_transitions(store):
+def test_controller_round_records_allocations_and_legal_transitions(store, tmp_path):
+    """The round's changes reach the store only through the controller: pending → starting with
+    the allocation in one write; a job losing its GPUs keeps its state until its run has stopped."""
     submit(store, 2)
     sched = Scheduler(store, CLUSTER, policy_name="fifo")
-    res = sched.run_round(100.0)
-    apply_to_store(store, res, 100.0)
+    ctl = controller(store, sched, tmp_path)
+    ctl.run_round(100.0)
+    res = sched.last_result
+    assert res is not None and res.allocation
     for jid in res.allocation:
         job = store.get_job(jid)
         assert job.state == "starting" and job.allocation == res.allocation[jid]
         assert job.restarts == 0
-    store.transition("j000", "running", now=110.0)
-    # a hand-made round: re-allocate j000 elsewhere, preempt j001
-    node = CLUSTER.nodes[-1]
-    fake = RoundResult(now=120.0, policy="fifo", allocation={"j000": {node: 1}},
-                       changed={"j000": {node: 1}, "j001": {}})
-    apply_to_store(store, fake, 120.0)
-    j0, j1 = store.get_job("j000"), store.get_job("j001")
-    assert j0.state == "rescaling" and j0.allocation == {node: 1} and j0.restarts == 1
-    assert j1.state == "pending" and j1.allocation == {}
+        assert store.allocation_history(jid)[-1].allocation == res.allocation[jid]
+        assert [t.to_state for t in store.transitions(jid)] == ["pending", "starting"]
+    store.transition("j000", "cancelled", now=110.0)
+    ctl.run_round(120.0)
+    assert store.get_job("j000").allocation == {} and "j000" not in sched.last_result.allocation
     for jid in ("j000", "j001"):
         for tr in store.transitions(jid)[1:]:
-            assert tr.to_state in _TRANSITIONS[tr.from_state]
-    assert store.allocation_history("j001")[-1].allocation == {}
+            assert tr.to_state in TRANSITIONS[tr.from_state]
 
 
 def test_terminal_jobs_are_ignored(store):
@@ -161,8 +171,9 @@ def test_same_seed_same_store_same_allocation(tmp_path):
             submit(s, 12)
             s.put_hints("j003", hints(), now=20.0)
             sched = Scheduler(s, CLUSTER, seed=7)
-            r1 = sched.run_round(100.0)
-            apply_to_store(s, r1, 100.0)
+            controller(s, sched, tmp_path / f"c{k}").run_round(100.0)
+            r1 = sched.last_result
+            assert r1 is not None
             results.append((r1.allocation, sched.run_round(160.0).allocation))
     assert results[0] == results[1]
 
@@ -175,7 +186,8 @@ class _RecordingPolicy:
     def __init__(self):
         self.calls = []
 
-    def decide(self, jobs, cluster, allocation, state, now, rng):
+    def decide(self, jobs, cluster, state, now, rng):
+        allocation = {j.id: dict(j.allocation) for j in jobs if j.allocation}   # it arrives in the views
         self.calls.append(([j.id for j in jobs], allocation, state, now, rng))
         return {"j000": {"node-2": 2, "node-3": 0}, "j001": {}}, {"round": len(self.calls)}
 
@@ -237,7 +249,7 @@ def test_job_view_clamps_replica_counts_to_the_cluster(store):
     assert job_view(huge, None, now=5.0).max_replicas <= 2**16
     others = [job_view(j, None, 5.0, 8) for j in submit(store, 3)]
     for name in ("pollux", "tiresias", "fifo"):
-        alloc, _ = make_policy(name).decide([view, *others], CLUSTER, {}, None, 5.0, np.random.default_rng(0))
+        alloc, _ = make_policy(name).decide([view, *others], CLUSTER, None, 5.0, np.random.default_rng(0))
         check_allocation(alloc, CLUSTER)
         assert "huge" not in alloc and {"j000", "j001", "j002"} <= set(alloc), (name, alloc)
     two = store.submit(spec(resources={"GPU": 2}), job_id="two", now=2.0)
@@ -251,7 +263,7 @@ def test_hints_that_make_the_policy_raise_do_not_stop_scheduling(store, caplog):
     _write_hints_row(store, "j001", bad)
     with pytest.raises(ValueError):                  # what every round did before: no one scheduled
         make_policy("pollux").decide([job_view(j, store.get_hints(j.id), 5.0, 8) for j in store.list_jobs()],
-                                     CLUSTER, {}, None, 5.0, np.random.default_rng(0))
+                                     CLUSTER, None, 5.0, np.random.default_rng(0))
     sched = Scheduler(store, CLUSTER)
     with caplog.at_level("ERROR", logger="pollux.cluster"):
         first = sched.run_round(100.0)
@@ -280,10 +292,10 @@ class _PoisonedFifo:
     def __init__(self) -> None:
         self.inner = make_policy("fifo")
 
-    def decide(self, jobs, cluster, allocation, state, now, rng):
+    def decide(self, jobs, cluster, state, now, rng):
         if any(j.id == "poison" for j in jobs):
             raise OverflowError("Python int too large to convert to C long")
-        return self.inner.decide(jobs, cluster, allocation, state, now, rng)
+        return self.inner.decide(jobs, cluster, state, now, rng)
 
 
 def test_job_that_makes_the_policy_raise_is_left_out_of_the_round(store, caplog):
@@ -312,3 +324,18 @@ def test_stored_row_with_huge_replica_counts_does_not_stop_the_round(store):
         res = Scheduler(store, CLUSTER, policy_name=name).run_round(100.0)
         check_allocation(res.allocation, CLUSTER)
         assert {"j001", "j002"} <= set(res.allocation) and "big" not in res.allocation, (name, res.allocation)
+
+
+def test_a_round_reads_every_jobs_hints_with_one_query(store, monkeypatch):
+    submit(store, 30)
+    for i in range(0, 30, 3):
+        store.put_hints(f"j{i:03d}", hints(), now=20.0)
+    calls = []
+    original = store.hints_of
+    monkeypatch.setattr(store, "hints_of", lambda ids: calls.append(1) or original(ids))
+    monkeypatch.setattr(store, "get_hints", lambda jid: pytest.fail("one query per job"))
+    Scheduler(store, CLUSTER).run_round(100.0)
+    assert calls == [1]
+    got = original(f"j{i:03d}" for i in range(30))
+    assert sorted(got) == [f"j{i:03d}" for i in range(0, 30, 3)] and got["j003"]["version"] == 1
+    assert original([]) == {} and original(["nope"]) == {}

@@ -24,6 +24,7 @@ from pollux.cluster.store import (
 )
 from pollux.goodput.records import GradStats, ThroughputParams
 from pollux.hints import HintsError, build_hints
+from pollux.policy.base import decode_state, encode_state
 
 SPEC = {"entrypoint": "train.py", "args": ["--lr", "0.1"], "working_dir": "/tmp", "init_batch_size": 128,
         "max_batch_size": 1024, "local_bsz_bounds": [32, 256], "min_replicas": 0, "max_replicas": 8,
@@ -152,12 +153,15 @@ def test_hints_validated_and_latest_kept(store):
 
 
 def test_policy_state_round_trip_with_numpy(store):
+    # A policy's state is opaque JSON: the policy encodes its arrays itself (pollux.policy.base), the
+    # store persists what it is given without knowing any codec.
     state = {"population": np.arange(12, dtype=np.int64).reshape(3, 4),
              "weights": np.linspace(0.0, 1.0, 5, dtype=np.float32),
              "nested": {"rounds": 3, "best": [np.float64(1.5), np.zeros((2, 2))]}, "name": "pollux"}
     assert store.load_policy_state("pollux") is None
-    store.save_policy_state("pollux", state)
-    got = store.load_policy_state("pollux")
+    store.save_policy_state("pollux", encode_state(state))
+    assert store.load_policy_state("pollux") == json.loads(json.dumps(encode_state(state)))
+    got = decode_state(store.load_policy_state("pollux"))
     assert got["population"].dtype == np.int64 and np.array_equal(got["population"], state["population"])
     assert got["weights"].dtype == np.float32 and np.array_equal(got["weights"], state["weights"])
     assert got["nested"]["rounds"] == 3 and got["nested"]["best"][0] == 1.5
@@ -190,7 +194,7 @@ def test_persistence_across_reopen_and_processes(tmp_path):
         s.transition("a", "starting", now=2.0)
         s.set_allocation("a", {"n0": 2}, now=2.0)
         s.put_hints("a", hints_body())
-        s.save_policy_state("p", {"v": np.ones(3)})
+        s.save_policy_state("p", encode_state({"v": np.ones(3)}))
         s.record_replica("a", 0, 0, "n0", 99, "log", now=2.0)
     with JobStore(path) as s:
         with JobStore(path) as second:
@@ -198,7 +202,8 @@ def test_persistence_across_reopen_and_processes(tmp_path):
         got = s.get_job("a")
         assert got.state == "starting" and got.allocation == {"n0": 2}
         assert got.token is None and s.token_matches("a", job.token)
-        assert s.get_hints("a") == hints_body() and np.array_equal(s.load_policy_state("p")["v"], np.ones(3))
+        assert s.get_hints("a") == hints_body()
+        assert np.array_equal(decode_state(s.load_policy_state("p"))["v"], np.ones(3))
         assert len(s.transitions("a")) == 2 and s.replicas("a")[0].pid == 99
         assert s.schema_version == SCHEMA_VERSION
         # A second store on the same file, in another process, sees and writes through.

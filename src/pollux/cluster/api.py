@@ -75,6 +75,7 @@ from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from pollux.cluster import api_schema as doc
+from pollux.cluster.lifecycle import JobState
 from pollux.cluster.limits import MAX_QUERY_INT, RequestError, find_nonfinite, read_json_body
 from pollux.cluster.spec import JobSpec, SpecError, validate_name
 from pollux.cluster.store import (
@@ -423,8 +424,8 @@ def create_app(store: JobStore, admin_token: str, *, log_dir: Path | None = None
         job = get_job(job_id)
         if job.state in TERMINAL_STATES:
             raise HTTPException(409, f"job {job_id!r} is already {job.state}")
-        try:
-            job = store.transition(job_id, "cancelled", reason="cancelled by user")
+        try:   # the lifecycle's one transition function, as for every other move
+            job = store.transition(job_id, JobState.CANCELLED, reason="cancelled by user")
         except ValueError as exc:  # it became terminal meanwhile
             raise HTTPException(409, str(exc)) from exc
         if on_change is not None:

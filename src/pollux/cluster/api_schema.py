@@ -21,6 +21,7 @@ from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 
 from pollux.cluster import spec as _spec
+from pollux.cluster.lifecycle import JOB_STATES
 from pollux.cluster.limits import MAX_BODY_BYTES, MAX_JSON_DEPTH, MAX_QUERY_INT
 from pollux.hints import load_schema as _load_hints_schema
 
@@ -128,7 +129,7 @@ def _hints_schema() -> dict[str, Any]:
 
 
 _TIME = {"type": "number", "description": "Unix time, seconds."}
-_STATES = ["pending", "starting", "running", "rescaling", "succeeded", "failed", "cancelled"]
+_STATES = list(JOB_STATES)
 _ALLOCATION = {"type": "object", "additionalProperties": {"type": "integer", "minimum": 1},
                "description": "GPUs per node."}
 

@@ -1,5 +1,8 @@
 """The Ray backend of the live scheduler (SPEC §9): nodes, and replica processes placed on them.
 
+One implementation of :class:`pollux.cluster.backend_api.Backend` (the protocol, its records and
+errors live there and are re-exported here).
+
 Each replica is one *detached*, named Ray actor pinned to its node (node affinity, holding the
 replica's resources, one GPU by default), which spawns the training script as a child process with
 the agent's environment and its output in a log file. Detached actors outlive the service's Ray
@@ -43,17 +46,24 @@ import signal
 import threading
 import time
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
 from typing import Any
+
+from pollux.cluster.backend_api import (
+    NAMESPACE,
+    NodeInfo,
+    ReplicaExit,
+    ReplicaHandle,
+    ReplicaLaunch,
+    actor_name,
+    parse_actor_name,
+)
 
 logger = logging.getLogger("pollux.cluster")
 
-__all__ = ["NAMESPACE", "NODE_RESOURCE_PREFIX", "NodeInfo", "RayBackend", "ReplicaHandle",
+__all__ = ["NAMESPACE", "NODE_RESOURCE_PREFIX", "NodeInfo", "RayBackend", "ReplicaExit", "ReplicaHandle",
            "ReplicaLaunch", "actor_name", "descendants", "kill_tree", "parse_actor_name", "ray_env",
            "replica_environment"]
 
-#: The Ray namespace of every actor the service creates.
-NAMESPACE = "pollux"
 #: A node declaring the custom resource ``pollux-node-<name>`` is called ``<name>``.
 NODE_RESOURCE_PREFIX = "pollux-node-"
 #: Inherited variables whose names match this never reach a replica (service secrets).
@@ -70,58 +80,6 @@ PR_SET_CHILD_SUBREAPER = 36
 def ray_env() -> dict[str, str]:
     """Environment every process that starts or joins a local Ray cluster needs (loopback, no stats)."""
     return {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_USAGE_STATS_ENABLED": "0"}
-
-
-def actor_name(job_id: str, restart: int, rank: int) -> str:
-    return f"{job_id}/{int(restart)}/{int(rank)}"
-
-
-def parse_actor_name(name: str) -> tuple[str, int, int] | None:
-    """``(job, restart, rank)`` from an actor name made by :func:`actor_name`, else None."""
-    parts = name.rsplit("/", 2)
-    if len(parts) != 3:
-        return None
-    try:
-        return parts[0], int(parts[1]), int(parts[2])
-    except ValueError:
-        return None
-
-
-@dataclass(frozen=True)
-class NodeInfo:
-    """One alive Ray node: its Pollux name, Ray id, address, GPU slots and all its Ray resources."""
-
-    name: str
-    node_id: str
-    address: str
-    gpus: int
-    resources: dict[str, float] = field(default_factory=dict, hash=False)
-
-
-@dataclass(frozen=True)
-class ReplicaLaunch:
-    """How to start one replica: command, working directory, environment, log file, resources, user."""
-
-    rank: int
-    node: str
-    command: list[str]
-    cwd: str | None
-    env: dict[str, str]
-    log_path: str
-    resources: dict[str, float] = field(default_factory=lambda: {"GPU": 1.0})
-    user: str | None = None
-
-
-@dataclass
-class ReplicaHandle:
-    """A started replica: its actor, node and the PID of the training process."""
-
-    job_id: str
-    restart: int
-    rank: int
-    node: str
-    actor: Any
-    pid: int | None = None
 
 
 # ------------------------------------------------------------------------------- process trees
@@ -406,13 +364,18 @@ class RayBackend:
         """The value of a resolved reference (raises what the remote call raised)."""
         return self._ray.get(ref, timeout=timeout_s)
 
-    def exit_code(self, ref: Any) -> int:
-        """The exit code an exit future resolved to; -9 for a dead or unreachable actor."""
+    def exit_status(self, ref: Any) -> ReplicaExit:
+        """How the replica of an exit future ended; a dead or unreachable actor (its node lost) is
+        ``ReplicaExit(-9, lost=True)``."""
         try:
-            return int(self._ray.get(ref, timeout=10.0))
+            return ReplicaExit(int(self._ray.get(ref, timeout=10.0)))
         except Exception as exc:  # the actor (or its node) died
             logger.warning("replica actor unreachable (%s): counted as killed", type(exc).__name__)
-            return -int(signal.SIGKILL)
+            return ReplicaExit(-int(signal.SIGKILL), lost=True)
+
+    def exit_code(self, ref: Any) -> int:
+        """The exit code an exit future resolved to; -9 for a dead or unreachable actor."""
+        return self.exit_status(ref).code
 
     def start(self, handles: Sequence[ReplicaHandle], launches: Sequence[ReplicaLaunch],
               timeout_s: float) -> None:

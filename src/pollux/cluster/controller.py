@@ -32,6 +32,15 @@ A replica the controller asked to stop counts as preempted whatever its exit sta
 exit and transition is written to the store as it happens, so a restarted service can reconcile:
 :meth:`Controller.recover` adopts the replicas of each active job's current restart that are still
 alive on Ray, and stops every other actor of the service's namespace (orphans).
+
+A replica *lost* with its node (the backend reports ``ReplicaExit(lost=True)``) counts one failure,
+and its node gets no new launch — it leaves the next round — until the backend drops it or
+``node_hold_s`` passes: relaunching there before the backend notices the node is dead would fail
+again and count a second failure for one loss.
+
+Seams: any :class:`~pollux.cluster.backend_api.Backend`; injected ``clock`` (records) and
+``monotonic`` (deadlines); every state change through ``JobStore.transition`` (with what it counts,
+one transaction); a job follows a new allocation through its kind's :class:`~pollux.cluster.runs.Runner`.
 """
 
 from __future__ import annotations
@@ -40,36 +49,46 @@ import logging
 import signal
 import threading
 import time
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+from pollux import contract as ct
 from pollux.cluster import launcher as lch
-from pollux.cluster.backend import NodeInfo, RayBackend, ReplicaHandle, parse_actor_name
+from pollux.cluster.backend_api import Backend, NodeInfo, ReplicaHandle, parse_actor_name
 from pollux.cluster.launcher import Launch, LaunchError, replica_command
-from pollux.cluster.runs import ControllerConfig, Group, still_wanted
+from pollux.cluster.lifecycle import ACTIVE_STATES, SCHEDULED_STATES, JobState
+from pollux.cluster.runs import DEFAULT_KIND, ControllerConfig, Group, RestartRunner, Runner, still_wanted
 from pollux.cluster.scheduler import Scheduler
-from pollux.cluster.store import ACTIVE_STATES, JobRecord, JobStore
-from pollux.hints import PREEMPTED_EXIT_CODE
+from pollux.cluster.store import JobRecord, JobStore
 from pollux.policy.base import Cluster
 
 logger = logging.getLogger("pollux.cluster")
 
 __all__ = ["Controller", "ControllerConfig", "Group", "replica_command"]
 
+_S = JobState
+
 
 class Controller:
     """Makes the Ray cluster run what the store says; see the module docstring."""
 
-    def __init__(self, store: JobStore, backend: RayBackend, scheduler: Scheduler,
-                 config: ControllerConfig) -> None:
+    def __init__(self, store: JobStore, backend: Backend, scheduler: Scheduler, config: ControllerConfig,
+                 *, clock: Callable[[], float] = time.time, monotonic: Callable[[], float] = time.monotonic,
+                 runners: Mapping[str, Runner] | None = None) -> None:
         self.store = store
         self.backend = backend
         self.scheduler = scheduler
         self.config = config
+        self.clock = clock
+        self.monotonic = monotonic
+        self.runners: dict[str, Runner] = dict(runners or {DEFAULT_KIND: RestartRunner()})
         self.groups: dict[str, Group] = {}
         self.launching: dict[str, Launch] = {}
         self.not_before: dict[str, float] = {}
         self.nodes: list[NodeInfo] = []
+        #: Nodes whose replicas were lost → when (monotonic); no launch there meanwhile.
+        self.held_nodes: dict[str, float] = {}
         self._next_round = 0.0
         self._waiting: dict[str, str] = {}
         self.rounds = 0
@@ -80,14 +99,29 @@ class Controller:
     # ------------------------------------------------------------------ nodes and rounds
 
     def refresh_nodes(self) -> Cluster:
+        """Ask the backend for the alive nodes, leave out the held ones, tell the scheduler."""
         nodes = self.backend.nodes()
+        names = {n.name for n in nodes}
+        mono = self.monotonic()
+        for name, since in list(self.held_nodes.items()):
+            if name not in names or mono - since > self.config.node_hold_s:
+                del self.held_nodes[name]   # gone (it comes back fresh) or alive all along: usable
+        nodes = [n for n in nodes if n.name not in self.held_nodes]
         lost = {n.name for n in self.nodes} - {n.name for n in nodes}
         if lost:
             logger.warning("lost node(s) %s: their GPUs leave the next round", sorted(lost))
         self.nodes = nodes
         cluster = Cluster(tuple(n.name for n in nodes), tuple(n.gpus for n in nodes))
-        self.scheduler.cluster = cluster
+        self.scheduler.set_cluster(cluster)
         return cluster
+
+    def hold_node(self, node: str) -> None:
+        """No launch on ``node`` until the backend drops it or ``node_hold_s`` passes; a round soon."""
+        if node not in self.held_nodes:
+            logger.warning("node %s lost a replica: no launch there until it is gone or %g s pass", node,
+                           self.config.node_hold_s)
+        self.held_nodes[node] = self.monotonic()
+        self.request_round()
 
     def request_round(self) -> None:
         """Run a scheduling round at the next tick (after a submission, a finish or a failure)."""
@@ -104,9 +138,11 @@ class Controller:
             job = self.store.get_job(jid)
             if job.terminal:
                 continue
-            if row and job.state == "pending":
-                self.store.transition(jid, "starting", reason="allocated", now=now)
-            self.store.set_allocation(jid, row, now=now)
+            start = bool(row) and job.state == _S.PENDING
+            job = self.store.transition(jid, _S.STARTING if start else None, reason="allocated", now=now,
+                                        allocation=row, expect=SCHEDULED_STATES)
+            if job.terminal:   # cancelled meanwhile: nothing was written
+                continue
             logger.info("round %d: job %s -> %s", self.rounds, jid, row or "no GPUs")
         if result.changed:
             logger.info("round %d (%s): %d job(s), %d changed, %.3f s", self.rounds, result.policy,
@@ -126,7 +162,7 @@ class Controller:
     # ------------------------------------------------------------------ the tick
 
     def tick(self, now: float | None = None) -> None:
-        now = time.time() if now is None else now
+        now = self.clock() if now is None else now
         with self.lock:
             active = {j.id: j for j in self.store.list_jobs(ACTIVE_STATES)}
             touched = set(self.launching)     # their records changed: look at them again next tick
@@ -141,7 +177,7 @@ class Controller:
                     logger.exception("job %s: reconciliation failed", jid)
             if now >= self._next_round:
                 self._next_round = now + self.config.interval_s
-                mono = time.monotonic()
+                mono = self.monotonic()
                 self.not_before = {k: t for k, t in self.not_before.items() if t > mono}
                 self._waiting = {k: w for k, w in self._waiting.items() if k in active}
                 for g in self.groups.values():
@@ -155,39 +191,45 @@ class Controller:
         if group is not None:
             if not group.stopping:
                 if job.terminal:
-                    self._request_stop(group, f"job {job.state}", self._grace(job))
+                    self.request_stop(group, f"job {job.state}", self._grace(job))
                 elif group.placement != desired:
-                    self._request_stop(group, "re-allocated" if desired else "preempted")
-                    if job.state == "running":
-                        self.store.transition(job.id, "rescaling", reason="re-allocated", now=now)
+                    self.runner(job).apply(self, group, job, desired, now)
+            elif job.terminal and not group.killed:
+                # Cancelled (or failed) while stopping for a rescale: no checkpoint is needed now.
+                cut = self.monotonic() + self._grace(job)
+                group.stop_deadline = min(group.stop_deadline or cut, cut)
             self._poll(group, job, now)
             return
         if job.terminal:
             return
         if not desired:
-            if job.state in ("starting", "running", "rescaling"):
-                self.store.transition(job.id, "pending", reason="no GPUs allocated", now=now)
+            if job.state in ACTIVE_STATES:
+                self.store.transition(job.id, _S.PENDING, reason="no GPUs allocated", now=now)
             return
-        if time.monotonic() >= self.not_before.get(job.id, 0.0):
+        if self.monotonic() >= self.not_before.get(job.id, 0.0):
             self._launch(job, desired, now)
 
+    def runner(self, job: JobRecord) -> Runner:
+        """The runner of the job's kind (today every job restarts to resize: :class:`RestartRunner`)."""
+        return self.runners.get(DEFAULT_KIND) or RestartRunner()
+
     def _grace(self, job: JobRecord) -> float:
-        return self.config.cancel_grace_s if job.state == "cancelled" else self.config.stop_grace_s
+        return self.config.cancel_grace_s if job.state == _S.CANCELLED else self.config.stop_grace_s
 
     # ------------------------------------------------------------------ launching
 
     def _launch(self, job: JobRecord, placement: dict[str, int], now: float) -> None:
         """Begin a launch: check it can be placed, create the actors, ask rank 0 for a rendezvous."""
-        alive = {n.name: n for n in self.nodes}
+        alive = {n.name: n for n in self.nodes if n.name not in self.held_nodes}
         if not set(placement) <= set(alive):
-            self.request_round()
+            self.request_round()   # a node left (or is held): wait for the round to move the job
             return
         restart = job.restarts
         spec = job.spec
-        base_env = {"POLLUX_JOB_ID": job.id, "POLLUX_RESTARTS": str(restart), "PYTHONUNBUFFERED": "1",
-                    "POLLUX_CHECKPOINT_DIR": str(self.config.checkpoint_dir / job.id)}
+        base_env = {ct.ENV_JOB_ID: job.id, ct.ENV_RESTARTS: str(restart), "PYTHONUNBUFFERED": "1",
+                    ct.ENV_CHECKPOINT_DIR: str(self.config.checkpoint_dir / job.id)}
         if self.config.scheduler_url:
-            base_env["POLLUX_SCHEDULER_URL"] = self.config.scheduler_url
+            base_env[ct.ENV_SCHEDULER_URL] = self.config.scheduler_url
         try:
             launches = lch.build_launches(spec, placement, command=replica_command(spec, self.config.python),
                                           base_env=base_env, user=self.config.run_as,
@@ -214,7 +256,7 @@ class Controller:
             lch.prepare_checkpoint_dir(self.config.checkpoint_dir / job.id, self.config.run_as)
             token = self.store.issue_token(job.id)   # a fresh token per run; the store keeps its hash
             for s in launches:
-                s.env["POLLUX_JOB_TOKEN"] = token
+                s.env[ct.ENV_JOB_TOKEN] = token
             handles = self.backend.create_actors(job.id, restart, launches, nodes=self.nodes)
             rendezvous = self.backend.rendezvous_async(handles[0])
         except Exception as exc:
@@ -222,7 +264,7 @@ class Controller:
             self._count_launch_failure(job, f"{type(exc).__name__}: {exc}", now)
             return
         self.launching[job.id] = Launch(job.id, restart, dict(placement), launches, handles,
-                                        deadline=time.monotonic() + self.config.launch_timeout_s,
+                                        deadline=self.monotonic() + self.config.launch_timeout_s,
                                         rendezvous=rendezvous)
         logger.info("job %s: launching restart %d, %s replica(s) per node", job.id, restart,
                     lch.replicas_of(s.node for s in launches))
@@ -232,7 +274,7 @@ class Controller:
         if not self.launching:
             return
         ready = self.backend.ready([r for x in self.launching.values() for r in x.pending_refs], 0.0)
-        mono = time.monotonic()
+        mono = self.monotonic()
         for jid, x in list(self.launching.items()):
             try:
                 job = active.get(jid) or self.store.get_job(jid)
@@ -254,7 +296,7 @@ class Controller:
                                       f"{type(exc).__name__}: {exc}", now)
                     return
                 for s in x.launches:
-                    s.env.update({"POLLUX_MASTER_ADDR": str(addr), "POLLUX_MASTER_PORT": str(port)})
+                    s.env.update({ct.ENV_MASTER_ADDR: str(addr), ct.ENV_MASTER_PORT: str(port)})
                 x.starts = self.backend.start_async(x.handles, x.launches)
             elif mono > x.deadline:
                 self._drop_launch(x, job, f"replica 0 on {x.launches[0].node} was not placed within "
@@ -285,7 +327,7 @@ class Controller:
 
     def _launch_done(self, x: Launch, job: JobRecord) -> None:
         self.launching.pop(x.job_id)
-        t = time.time()
+        t = self.clock()
         for h, s in zip(x.handles, x.launches, strict=True):
             self.store.record_replica(x.job_id, x.restart, h.rank, h.node, h.pid, s.log_path, now=t)
         group = Group(x.job_id, x.restart, dict(x.placement), x.handles, started=t,
@@ -299,10 +341,10 @@ class Controller:
             logger.info("job %s: restart %d started after the job became %s; stopping it", x.job_id,
                         x.restart, job.state)
             if job.terminal:
-                self._request_stop(group, f"job {job.state}", self._grace(job))
+                self.request_stop(group, f"job {job.state}", self._grace(job))
             return
-        if job.state in ("starting", "rescaling"):
-            self.store.transition(x.job_id, "running", reason=f"restart {x.restart} on {x.placement}", now=t)
+        if job.state in (_S.STARTING, _S.RESCALING):
+            self.store.transition(x.job_id, _S.RUNNING, reason=f"restart {x.restart} on {x.placement}", now=t)
         logger.info("job %s: restart %d started, %d replica(s) on %s", x.job_id, x.restart, len(x.handles),
                     x.placement)
 
@@ -316,7 +358,7 @@ class Controller:
             self.backend.signal(rest, signal.SIGKILL)  # a start that answers late must not leave a process
         self.backend.release(rest)
         if started:
-            group = Group(x.job_id, x.restart, dict(x.placement), started, started=time.time(), cleanup=True,
+            group = Group(x.job_id, x.restart, dict(x.placement), started, started=self.clock(), cleanup=True,
                           futures=dict(zip([h.rank for h in started], self.backend.exit_futures(started),
                                            strict=True)),
                           usage=lch.launch_usage(x.placement, x.launches))
@@ -324,7 +366,7 @@ class Controller:
             for h in started:
                 self.store.record_replica(x.job_id, x.restart, h.rank, h.node, h.pid,
                                           x.launches[h.rank].log_path)
-            self._request_stop(group, "launch failed" if reason else "launch abandoned",
+            self.request_stop(group, "launch failed" if reason else "launch abandoned",
                                0.0 if reason else self._grace(job))
         if reason is None:
             logger.info("job %s: launch of restart %d abandoned (job %s, allocation %s)", x.job_id,
@@ -332,23 +374,28 @@ class Controller:
         job = self.store.get_job(x.job_id)
         if job.terminal:
             return
-        self.store.add_restart(x.job_id)
-        if reason is not None:
-            self._count_launch_failure(job, reason, now)
+        if reason is None:
+            self.store.transition(x.job_id, None, restart=True)
+        else:
+            self._count_launch_failure(job, reason, now, restart=True)
 
-    def _count_launch_failure(self, job: JobRecord, reason: str, now: float) -> None:
-        """A launch failure counts like a failed run: back to pending, or failed after max_retries."""
-        failures = self.store.add_failure(job.id)
+    def _count_launch_failure(self, job: JobRecord, reason: str, now: float, restart: bool = False) -> None:
+        """A launch failure counts like a failed run: back to pending, or failed after max_retries.
+
+        The failure, the state and (``restart``: the launch had created replicas) the restart are
+        written in one transaction."""
+        failures = job.failures + 1   # the controller is the only writer of failures
         reason = f"launch of restart {job.restarts} failed: {reason}"
         if failures > self.config.max_retries:
-            self.store.transition(job.id, "failed", now=now,
-                                  reason=f"{reason} (failure {failures}, retries exhausted)")
+            self.store.transition(job.id, _S.FAILED, now=now, failure=True, restart=restart,
+                                  reason=f"{reason} (failure {failures}, retries exhausted)",
+                                  expect=SCHEDULED_STATES)
             logger.error("job %s: failed: %s", job.id, reason)
         else:
             delay = lch.backoff_s(failures, self.config.retry_backoff_s, self.config.max_backoff_s)
-            self.not_before[job.id] = time.monotonic() + delay
-            if job.state != "pending":
-                self.store.transition(job.id, "pending", reason=reason, now=now)
+            self.not_before[job.id] = self.monotonic() + delay
+            self.store.transition(job.id, None if job.state == _S.PENDING else _S.PENDING, reason=reason,
+                                  now=now, failure=True, restart=restart, expect=SCHEDULED_STATES)
             logger.warning("job %s: %s; retrying in %.0f s (failure %d of at most %d)", job.id, reason, delay,
                            failures, self.config.max_retries)
         self.request_round()
@@ -360,40 +407,43 @@ class Controller:
         refs = {ref: (g, rank) for g in self.groups.values() for rank, ref in g.futures.items()}
         for ref in self.backend.ready(list(refs), timeout_s):
             group, rank = refs[ref]
-            code = self.backend.exit_code(ref)
+            status = self.backend.exit_status(ref)
             group.futures.pop(rank, None)
-            group.exits[rank] = code
+            group.exits[rank] = status.code
+            if status.lost:
+                self.hold_node(next((h.node for h in group.handles if h.rank == rank), "?"))
             try:
-                self.store.set_replica_exit(group.job_id, group.restart, rank, code, now=time.time())
+                self.store.set_replica_exit(group.job_id, group.restart, rank, status.code, now=self.clock())
             except KeyError:
                 pass
 
-    def _request_stop(self, group: Group, reason: str, grace_s: float | None = None) -> None:
+    def request_stop(self, group: Group, reason: str, grace_s: float | None = None) -> None:
+        """Ask a run's replicas to exit: SIGTERM (SIGKILL after ``grace_s``), or SIGKILL at once for 0."""
         grace = self.config.stop_grace_s if grace_s is None else grace_s
-        self._account(group, time.time())
+        self._account(group, self.clock())
         group.stop_reason = reason
-        group.stop_deadline = time.monotonic() + grace
-        group.stop_requested_at = time.time()
+        group.stop_deadline = self.monotonic() + grace
+        group.stop_requested_at = self.clock()
         live = [h for h in group.handles if h.rank not in group.exits]
         self.backend.signal(live, signal.SIGKILL if grace <= 0 else signal.SIGTERM)
         group.killed = grace <= 0
         if group.killed:
-            group.stop_deadline = time.monotonic() + 10.0
+            group.stop_deadline = self.monotonic() + 10.0
         logger.info("job %s: stopping restart %d (%s)", group.job_id, group.restart, reason)
 
     def _poll(self, group: Group, job: JobRecord, now: float) -> None:
         """Act on the exits :meth:`_collect_exits` recorded (no Ray call unless a signal is due)."""
         running = [h for h in group.handles if h.rank not in group.exits]
         if group.stopping:
-            if running and group.stop_deadline is not None and time.monotonic() > group.stop_deadline \
+            if running and group.stop_deadline is not None and self.monotonic() > group.stop_deadline \
                     and not group.killed:
                 logger.warning("job %s: %d replica(s) did not exit within the grace period; killing", job.id,
                                len(running))
                 self.backend.signal(running, signal.SIGKILL)
                 group.killed = True
-                group.stop_deadline = time.monotonic() + 10.0
+                group.stop_deadline = self.monotonic() + 10.0
             elif running and group.killed and group.stop_deadline is not None \
-                    and time.monotonic() > group.stop_deadline:
+                    and self.monotonic() > group.stop_deadline:
                 running = []   # unreachable: release the actors regardless
             if not running:
                 self._finish_stop(group, job, now)
@@ -402,30 +452,31 @@ class Controller:
         if not running and not failed:
             self._account(group, now)
             self._end(group)
-            self.store.transition(job.id, "succeeded", reason="all replicas exited 0", now=now)
+            self.store.transition(job.id, _S.SUCCEEDED, reason="all replicas exited 0", now=now)
             logger.info("job %s: succeeded", job.id)
             self.request_round()
             return
         if failed:
             rank, code = min(failed.items())
-            if code == PREEMPTED_EXIT_CODE:
-                self._request_stop(group, f"replica {rank} preempted itself (exit {code})")
+            if code == ct.PREEMPTED_EXIT_CODE:
+                self.request_stop(group, f"replica {rank} preempted itself (exit {code})")
                 return
-            failures = self.store.add_failure(job.id)
+            failures = job.failures + 1   # the controller is the only writer of failures
             node = next((h.node for h in group.handles if h.rank == rank), "?")
             reason = f"replica {rank} on {node} exited with code {code}"
             if failures > self.config.max_retries:
-                self._request_stop(group, reason, self.config.cancel_grace_s)
+                self.request_stop(group, reason, self.config.cancel_grace_s)
                 group.stop_reason = "failed: " + reason
-                self.store.transition(job.id, "failed", reason=f"{reason} (failure {failures}, "
-                                      f"retries exhausted)", now=now)
+                self.store.transition(job.id, _S.FAILED, reason=f"{reason} (failure {failures}, "
+                                      f"retries exhausted)", now=now, failure=True, expect=SCHEDULED_STATES)
                 logger.error("job %s: failed: %s", job.id, reason)
             else:
+                self.store.transition(job.id, None, failure=True, expect=SCHEDULED_STATES)
                 delay = lch.backoff_s(failures, self.config.retry_backoff_s, self.config.max_backoff_s)
-                self.not_before[job.id] = time.monotonic() + delay
+                self.not_before[job.id] = self.monotonic() + delay
                 logger.warning("job %s: %s; restarting from the last checkpoint in %.0f s (failure %d of at "
                                "most %d)", job.id, reason, delay, failures, self.config.max_retries)
-                self._request_stop(group, "failure: " + reason)
+                self.request_stop(group, "failure: " + reason)
 
     def _finish_stop(self, group: Group, job: JobRecord, now: float) -> None:
         self._end(group)
@@ -434,9 +485,9 @@ class Controller:
         job = self.store.get_job(job.id)
         if job.terminal:
             return
-        self.store.add_restart(job.id)
-        if not job.allocation and job.state in ("running", "rescaling"):
-            self.store.transition(job.id, "pending", reason=group.stop_reason, now=now)
+        to_pending = not job.allocation and job.state in (_S.RUNNING, _S.RESCALING)
+        self.store.transition(job.id, _S.PENDING if to_pending else None, reason=group.stop_reason, now=now,
+                              restart=True, expect=SCHEDULED_STATES)
         self.request_round()
 
     def _end(self, group: Group) -> None:
@@ -467,7 +518,7 @@ class Controller:
                 if lch.rank_nodes(placement, per) != nodes:
                     placement = {n: k * per for n, k in lch.replicas_of(nodes).items()}
                 group = Group(job.id, job.restarts, placement, live,
-                              started=min(r.start_time for r in reps), accounted=time.time(),
+                              started=min(r.start_time for r in reps), accounted=self.clock(),
                               usage=lch.usage_of(placement, [(n, job.spec.resources) for n in nodes]))
                 for r in reps:
                     if r.exit_code is not None:
@@ -478,8 +529,8 @@ class Controller:
                 self.groups[job.id] = group
                 keep |= {f"{job.id}/{job.restarts}/{r.rank}" for r in reps}
                 adopted += 1
-                if job.state == "rescaling":
-                    self._request_stop(group, "re-allocated")
+                if job.state == _S.RESCALING:
+                    self.request_stop(group, "re-allocated")
                 logger.info("job %s: adopted restart %d (%d replica(s))", job.id, job.restarts, len(live))
             else:
                 # Part of the run is gone: stop the rest; the job restarts from its checkpoint.
@@ -487,8 +538,9 @@ class Controller:
                 self.backend.release(live)
                 for r in reps:
                     if r.exit_code is None:
-                        self.store.set_replica_exit(job.id, r.restart, r.rank, -int(signal.SIGKILL))
-                self.store.add_restart(job.id)
+                        self.store.set_replica_exit(job.id, r.restart, r.rank, -int(signal.SIGKILL),
+                                                    now=self.clock())
+                self.store.transition(job.id, None, restart=True)
                 logger.warning("job %s: restart %d lost %d of %d replica(s) while the service was down",
                                job.id, job.restarts, len(reps) - len(live), len(reps))
         orphans = sorted(names - keep)
@@ -497,12 +549,14 @@ class Controller:
         self.backend.kill_by_names(orphans)
         active = {j.id: j.restarts for j in self.store.list_jobs(ACTIVE_STATES)}
         for job_id in {p[0] for p in map(parse_actor_name, orphans) if p and active.get(p[0]) == p[1]}:
-            self.store.add_restart(job_id)   # a launch cut short: the next one gets fresh actor names
+            # a launch cut short: the next one gets fresh actor names
+            self.store.transition(job_id, None, restart=True)
         for name in orphans:
             parsed = parse_actor_name(name)
             if parsed is not None:
                 try:
-                    self.store.set_replica_exit(parsed[0], parsed[1], parsed[2], -int(signal.SIGTERM))
+                    self.store.set_replica_exit(parsed[0], parsed[1], parsed[2], -int(signal.SIGTERM),
+                                                now=self.clock())
                 except KeyError:
                     pass
         self.request_round()
@@ -515,24 +569,25 @@ class Controller:
             for x in list(self.launching.values()):
                 ready = self.backend.ready(x.starts, 5.0) if x.starts is not None else set()
                 if x.starts is not None and ready == set(x.starts):
-                    self._advance(x, self.store.get_job(x.job_id), ready, time.monotonic(), time.time())
+                    self._advance(x, self.store.get_job(x.job_id), ready, self.monotonic(), self.clock())
                 else:   # its processes, if any, have not reported: kill them with their actors
                     self.launching.pop(x.job_id)
                     self.backend.signal(x.handles, signal.SIGKILL, timeout_s=2.0)
                     self.backend.release(x.handles)
             for g in list(self.groups.values()):
                 if not g.stopping:
-                    self._request_stop(g, "service stopped")
-                g.stop_deadline = min(g.stop_deadline or 0.0, time.monotonic() + grace)
-            deadline = time.monotonic() + grace + 15.0
+                    self.request_stop(g, "service stopped")
+                g.stop_deadline = min(g.stop_deadline or 0.0, self.monotonic() + grace)
+            deadline = time.monotonic() + grace + 15.0   # real time: bounds the wait whatever the clock
             while self.groups and time.monotonic() < deadline:
                 self._collect_exits(0.2)
                 for g in list(self.groups.values()):
-                    self._poll(g, self.store.get_job(g.job_id), time.time())
+                    self._poll(g, self.store.get_job(g.job_id), self.clock())
             for jid in list(self.groups):
                 self._end(self.groups[jid])
             for job in self.store.list_jobs(ACTIVE_STATES):
-                self.store.transition(job.id, "pending", reason="service stopped")
+                self.store.transition(job.id, _S.PENDING, reason="service stopped", now=self.clock(),
+                                      expect=ACTIVE_STATES)
 
     def run(self, stop: threading.Event) -> None:
         """Tick until ``stop`` is set."""

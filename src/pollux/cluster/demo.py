@@ -23,6 +23,7 @@ from typing import Any
 
 from pollux.cluster import server
 from pollux.cluster.client import PolluxClient
+from pollux.policy.registry import policy_names
 
 #: (name, arrival offset in seconds, epochs, initial batch size): different sizes, staggered arrivals.
 DEFAULT_JOBS: tuple[tuple[str, float, int, int], ...] = (
@@ -158,7 +159,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--nodes", type=int, default=4)
     p.add_argument("--gpus-per-node", type=int, default=2)
     p.add_argument("--interval", type=float, default=8.0, help="seconds between scheduling rounds")
-    p.add_argument("--policy", default="pollux", choices=("pollux", "tiresias", "fifo"))
+    p.add_argument("--policy", default="pollux", choices=policy_names(live=True))
     p.add_argument("--timeout", type=float, default=420.0, help="give up after this many seconds")
     p.add_argument("--script", type=Path, default=root / "examples" / "digits" / "train.py")
     p.add_argument("--scale", type=float, default=1.0, help="multiply every job's epochs (shorter demo: <1)")

@@ -29,8 +29,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pollux.cluster.backend import NodeInfo, ReplicaHandle, ReplicaLaunch
-from pollux.cluster.store import JobSpec
+from pollux.cluster.backend_api import NodeInfo, ReplicaHandle, ReplicaLaunch
+from pollux.cluster.spec import JobSpec
+from pollux.contract import ENV_NODE_RANK, ENV_NUM_NODES, ENV_NUM_REPLICAS, ENV_RANK
 
 __all__ = ["Launch", "LaunchError", "backoff_s", "build_launches", "busy_reason", "gpus_per_replica",
            "launch_usage", "lookup_user", "never_fits", "prepare_checkpoint_dir", "prepare_run_as",
@@ -77,11 +78,16 @@ def replica_command(spec: JobSpec, python: str) -> list[str]:
 
 def gpus_per_replica(spec: JobSpec) -> int:
     """GPU slots one replica holds: ``resources.GPU`` rounded up, at least 1 (0 or absent: 1 slot
-    of the allocation, as before GPUs per replica were configurable)."""
-    g = float(spec.resources.get("GPU", 1.0))
-    if not math.isfinite(g) or g <= 0:
+    of the allocation, as before GPUs per replica were configurable), at most 2**16. Never raises:
+    a stored spec read leniently may hold anything. The scheduling round asks the policy for at
+    least this many slots per job, and the launcher forms ``slots // this`` replicas."""
+    try:
+        g = float(spec.resources.get("GPU", 1.0))
+    except (TypeError, ValueError):
         return 1
-    return max(math.ceil(g - _EPS), 1)
+    if not math.isfinite(g) or g <= 1:
+        return 1
+    return int(min(math.ceil(g - _EPS), 2**16))
 
 
 def rank_nodes(placement: Mapping[str, int], per_replica: int = 1) -> list[str]:
@@ -101,9 +107,9 @@ def build_launches(spec: JobSpec, placement: Mapping[str, int], *, command: list
                           f"replica needs {per} GPU slots on one node")
     node_order = list(dict.fromkeys(ranks))
     resources = dict(spec.resources)
-    env = {**base_env, "POLLUX_NUM_REPLICAS": str(len(ranks)), "POLLUX_NUM_NODES": str(len(node_order))}
+    env = {**base_env, ENV_NUM_REPLICAS: str(len(ranks)), ENV_NUM_NODES: str(len(node_order))}
     return [ReplicaLaunch(rank=r, node=n, command=list(command), cwd=spec.working_dir,
-                          env={**env, "POLLUX_RANK": str(r), "POLLUX_NODE_RANK": str(node_order.index(n))},
+                          env={**env, ENV_RANK: str(r), ENV_NODE_RANK: str(node_order.index(n))},
                           log_path=str(log_root / f"rank-{r}.log"), resources=resources, user=user)
             for r, n in enumerate(ranks)]
 

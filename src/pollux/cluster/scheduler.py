@@ -3,8 +3,8 @@
 Every interval the service builds the policy's inputs from the stored jobs and hints (a job without
 hints has no model yet, so the policy assumes it scales linearly, SPEC priors), runs the configured
 policy (``pollux`` by default; ``tiresias`` and ``fifo`` also selectable), persists the policy's
-state and reports only the allocations that changed. Applying them is the backend's job; for a
-backend-less dry run :func:`apply_to_store` records them and the matching state transitions.
+state and reports only the allocations that changed. Applying them (and the state transitions that
+go with them) is the controller's job (:meth:`pollux.cluster.controller.Controller.run_round`).
 
 One job's numbers never stop scheduling for everyone: :func:`job_view` clamps replica counts to
 what the cluster could ever give (so no policy sees ``min_replicas: 1e20``), and when the policy
@@ -22,7 +22,6 @@ from __future__ import annotations
 import copy
 import json
 import logging
-import math
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -30,32 +29,29 @@ from typing import Any
 
 import numpy as np
 
+from pollux.cluster.launcher import gpus_per_replica
+from pollux.cluster.lifecycle import SCHEDULED_STATES
 from pollux.cluster.store import JobRecord, JobStore
 from pollux.hints import hints_to_model
-from pollux.policy.base import Allocation, Cluster, JobView, Policy, PolicyState, check_allocation
+from pollux.policy.base import (
+    Allocation,
+    Cluster,
+    JobView,
+    Policy,
+    PolicyState,
+    check_allocation,
+    fixed_shape,
+)
 from pollux.policy.registry import make_policy
 
 logger = logging.getLogger("pollux.cluster")
 
-__all__ = ["SCHEDULED_STATES", "RoundResult", "Scheduler", "apply_to_store", "job_view", "schedule_once"]
+__all__ = ["SCHEDULED_STATES", "RoundResult", "Scheduler", "job_view", "schedule_once"]
 
-#: Job states the scheduler allocates for; all others (terminal ones included) are ignored.
-SCHEDULED_STATES = ("pending", "starting", "running", "rescaling")
 #: Upper bound on a job's replicas when its spec leaves ``max_replicas`` open.
 DEFAULT_MAX_REPLICAS = 64
 #: Bound on any replica count a policy sees when the cluster's size is not known.
 REPLICA_BOUND = 2**16
-
-
-def _gpus_per_replica(job: JobRecord) -> int:
-    g = job.spec.resources.get("GPU", 1.0)
-    try:
-        g = float(g)
-    except (TypeError, ValueError):
-        return 1
-    if not math.isfinite(g) or g <= 1:
-        return 1
-    return int(min(math.ceil(g - 1e-9), REPLICA_BOUND))
 
 
 def job_view(job: JobRecord, hints: Mapping[str, Any] | None, now: float,
@@ -74,7 +70,7 @@ def job_view(job: JobRecord, hints: Mapping[str, Any] | None, now: float,
     bound = REPLICA_BOUND if total is None else total + 1   # above the cluster: "can never fit" stays so
     cap = DEFAULT_MAX_REPLICAS if total is None else min(DEFAULT_MAX_REPLICAS, max(total, 1))
     # A replica holding G GPU slots needs at least G slots allocated (the launcher forms slots // G).
-    per = _gpus_per_replica(job)
+    per = gpus_per_replica(job.spec)   # the launcher's rule, so the two can never disagree
     min_replicas = min(max(int(spec.min_replicas), per if per > 1 else 0), bound)
     max_replicas = cap if spec.max_replicas is None else min(int(spec.max_replicas), bound)
     max_replicas = max(max_replicas, min_replicas, 1)
@@ -95,7 +91,7 @@ def job_view(job: JobRecord, hints: Mapping[str, Any] | None, now: float,
         model=model,
         limits=limits,
         max_replicas_seen=int(seen),
-        fixed=(max(min_replicas, 1), min(int(spec.init_batch_size), 2**62)),
+        fixed=fixed_shape(min_replicas, spec.init_batch_size),
     )
 
 
@@ -133,8 +129,9 @@ def _fingerprint(hints: Mapping[str, Any] | None, cluster: Cluster) -> str:
 
 def _decide(policy: Policy, views: Sequence[JobView], cluster: Cluster, previous: Allocation,
             state: PolicyState | None, now: float, rng: np.random.Generator) -> tuple[Allocation, Any]:
-    prev = {v.id: dict(previous[v.id]) for v in views if v.id in previous}
-    return policy.decide(list(views), cluster, prev, state, float(now), rng)
+    # The views' allocation is the one the policy reads; ``previous`` (the same stored allocation,
+    # cleaned) stays in the signature for the callers.
+    return policy.decide(list(views), cluster, state, float(now), rng)
 
 
 class _Isolation:
@@ -156,8 +153,9 @@ class _Isolation:
     def views(self, jobs: Sequence[JobRecord], store: JobStore, cluster: Cluster, now: float,
               excluded: dict[str, str]) -> tuple[list[JobView], dict[str, str]]:
         views, prints = [], {}
+        stored = store.hints_of(j.id for j in jobs)   # one query for the round, not one per job
         for j in jobs:
-            hints = store.get_hints(j.id)
+            hints = stored.get(j.id)
             fp = prints[j.id] = _fingerprint(hints, cluster)
             known = self.notes.get(j.id)
             if known is not None and known[0] == fp:
@@ -244,36 +242,6 @@ def schedule_once(store: JobStore, cluster: Cluster, policy: Policy, now: float,
                        excluded=excluded)
 
 
-def apply_to_store(store: JobStore, result: RoundResult, now: float) -> None:
-    """Record a round's changed allocations and state transitions, as a backend would (dry run).
-
-    pending → starting when a job gets GPUs; running → rescaling when a running job's allocation
-    changes to another non-zero one (a restart is counted); starting/rescaling/running → pending when
-    it goes to zero. A starting or rescaling job re-allocated to other GPUs keeps its state and counts
-    a restart.
-    """
-    for jid, row in result.changed.items():
-        job = store.get_job(jid)
-        if job.state not in SCHEDULED_STATES:
-            continue
-        had = bool(job.allocation)
-        if not row:
-            if job.state == "rescaling":
-                store.transition(jid, "running", reason="rescaled to zero", now=now)
-            if job.state != "pending":
-                store.transition(jid, "pending", reason="preempted", now=now)
-            elif had:
-                store.set_allocation(jid, {}, now=now)
-            continue
-        if job.state == "pending":
-            store.transition(jid, "starting", reason="allocated", now=now)
-        elif job.state == "running":
-            store.transition(jid, "rescaling", reason="re-allocated", now=now)
-        if had:
-            store.add_restart(jid)
-        store.set_allocation(jid, row, now=now)
-
-
 class Scheduler:
     """The scheduling loop's state between rounds: store, cluster, policy and a seeded generator."""
 
@@ -293,6 +261,10 @@ class Scheduler:
     @property
     def policy_name(self) -> str:
         return self.policy.name
+
+    def set_cluster(self, cluster: Cluster) -> None:
+        """The nodes the next rounds schedule on (the controller's view of the backend's nodes)."""
+        self.cluster = cluster
 
     def run_round(self, now: float) -> RoundResult:
         result = schedule_once(self.store, self.cluster, self.policy, now, self.rng, self._isolation)

@@ -50,6 +50,7 @@ from pathlib import Path
 from typing import Any
 
 from pollux.cluster.controller import Controller, ControllerConfig
+from pollux.cluster.lifecycle import ACTIVE_STATES, JobState
 from pollux.cluster.rayhost import write_json_atomic
 from pollux.cluster.scheduler import Scheduler
 from pollux.cluster.statedir import (
@@ -62,13 +63,14 @@ from pollux.cluster.statedir import (
     mark_store,
     secure_state_dir,
 )
-from pollux.cluster.store import ACTIVE_STATES, JobStore
+from pollux.cluster.store import JobStore
 from pollux.policy.base import Cluster
+from pollux.policy.registry import policy_names
 
 logger = logging.getLogger("pollux.cluster")
 
 #: Live policies (Optimus+Oracle needs an oracle and stays in the simulator).
-LIVE_POLICIES = ("pollux", "tiresias", "fifo")
+LIVE_POLICIES = policy_names(live=True)
 #: Exit status of a service that stopped because its Ray cluster was lost.
 EXIT_RAY_LOST = 3
 
@@ -163,9 +165,8 @@ def release_jobs(store: JobStore, reason: str) -> int:
             for r in reps:
                 if r.exit_code is None:
                     store.set_replica_exit(job.id, r.restart, r.rank, -int(signal.SIGKILL))
-            if reps:
-                store.add_restart(job.id)
-            store.transition(job.id, "pending", reason=f"Ray cluster lost: {reason}")
+            store.transition(job.id, JobState.PENDING, reason=f"Ray cluster lost: {reason}",
+                             restart=bool(reps))   # one transaction: the restart with the move
             n += 1
         except (KeyError, ValueError) as exc:    # changed under us (cancelled meanwhile)
             logger.warning("job %s: not released: %s", job.id, exc)

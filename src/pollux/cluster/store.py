@@ -12,15 +12,10 @@ token exists on the record :meth:`JobStore.submit` returns and in :meth:`JobStor
 answer, never in the file. A job spec is validated strictly when submitted and read back leniently
 (:meth:`JobSpec.from_stored`), so that one bad row never breaks reading the others.
 
-Job lifecycle (every transition recorded in the ``transitions`` table)::
-
-    pending → starting → running → (rescaling → running)* → succeeded | failed | cancelled
-    pending | starting | running | rescaling → cancelled | failed
-    starting → pending   (requeue after a failed launch)
-    running | rescaling → pending    (preempted to zero GPUs, or the service stopped)
-
-Entering ``pending`` or a terminal state clears the job's current allocation (an empty allocation is
-appended to its history when it had GPUs).
+The job lifecycle (states, legal moves and what each does) is :mod:`pollux.cluster.lifecycle`;
+:meth:`JobStore.transition` applies a move, with the failure or restart it counts, in one
+transaction, and records it in the ``transitions`` table. The records live in
+:mod:`pollux.cluster.records`.
 """
 
 from __future__ import annotations
@@ -35,14 +30,21 @@ import sqlite3
 import threading
 import time
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from pollux.cluster.lifecycle import ACTIVE_STATES, JOB_STATES, TERMINAL_STATES, check_transition, effects
+from pollux.cluster.records import (
+    AllocationRecord,
+    JobRecord,
+    ReplicaRecord,
+    TransitionRecord,
+    UnknownJobError,
+)
 from pollux.cluster.schema import MIGRATIONS, SCHEMA_VERSION, SchemaVersionError, hash_token
 from pollux.cluster.spec import JobSpec, SpecError, validate_name
 from pollux.hints import validate_hints
-from pollux.policy.base import PolicyState, decode_state, encode_state
+from pollux.policy.base import PolicyState
 
 __all__ = [
     "ACTIVE_STATES",
@@ -62,95 +64,7 @@ __all__ = [
     "hash_token",
 ]
 
-JOB_STATES = ("pending", "starting", "running", "rescaling", "succeeded", "failed", "cancelled")
-TERMINAL_STATES = frozenset({"succeeded", "failed", "cancelled"})
-ACTIVE_STATES = frozenset({"starting", "running", "rescaling"})
-
-#: Legal transitions: from state → the states it may move to.
-_TRANSITIONS: dict[str, frozenset[str]] = {
-    "pending": frozenset({"starting", "cancelled", "failed"}),
-    "starting": frozenset({"running", "pending", "cancelled", "failed"}),
-    "running": frozenset({"rescaling", "succeeded", "failed", "cancelled", "pending"}),
-    "rescaling": frozenset({"running", "pending", "cancelled", "failed"}),
-    "succeeded": frozenset(),
-    "failed": frozenset(),
-    "cancelled": frozenset(),
-}
-
 _log = logging.getLogger(__name__)
-
-
-class UnknownJobError(KeyError):
-    """No job with this id in the store."""
-
-    def __init__(self, job_id: str) -> None:
-        self.job_id = job_id
-        super().__init__(job_id)
-
-    def __str__(self) -> str:
-        return f"unknown job {self.job_id!r}"
-
-
-# ---------------------------------------------------------------------------------------------- records
-
-
-@dataclass(frozen=True)
-class JobRecord:
-    """One row of ``jobs``; ``allocation`` is the job's current ``{node: GPUs}``.
-
-    ``token`` is the job's plain token on the record :meth:`JobStore.submit` returns, and None on
-    every record read back (only its hash is stored). ``spec_error`` is None, or — for a row whose
-    stored spec no longer validates — the first problem, ``spec`` then being a best-effort reading
-    (:meth:`JobSpec.from_stored`).
-    """
-
-    id: str
-    name: str
-    spec: JobSpec
-    state: str
-    token: str | None
-    submit_time: float
-    start_time: float | None
-    end_time: float | None
-    restarts: int
-    failure_reason: str | None
-    attained_service: float
-    allocation: dict[str, int]
-    failures: int = 0
-    spec_error: str | None = None
-
-    @property
-    def terminal(self) -> bool:
-        return self.state in TERMINAL_STATES
-
-
-@dataclass(frozen=True)
-class TransitionRecord:
-    job_id: str
-    from_state: str | None
-    to_state: str
-    time: float
-    reason: str | None
-
-
-@dataclass(frozen=True)
-class AllocationRecord:
-    job_id: str
-    time: float
-    allocation: dict[str, int]
-
-
-@dataclass(frozen=True)
-class ReplicaRecord:
-    job_id: str
-    restart: int
-    rank: int
-    node: str
-    pid: int | None
-    log_path: str | None
-    start_time: float
-    exit_code: int | None
-    end_time: float | None
 
 
 # ----------------------------------------------------------------------------------------------- store
@@ -399,35 +313,57 @@ class JobStore:
                                      (hash_token(token),)).fetchone()
         return None if row is None else str(row[0])
 
-    def transition(self, job_id: str, new_state: str, reason: str | None = None,
-                   now: float | None = None) -> JobRecord:
-        """Move a job to ``new_state``; raises ValueError naming from/to for an illegal move."""
-        if new_state not in JOB_STATES:
-            raise ValueError(f"unknown job state {new_state!r}")
+    def transition(self, job_id: str, new_state: str | None, reason: str | None = None,
+                   now: float | None = None, *, failure: bool = False, restart: bool = False,
+                   allocation: Mapping[str, int] | None = None,
+                   expect: Iterable[str] | None = None) -> JobRecord:
+        """Move a job to ``new_state`` (None: stay), counting a ``failure`` and/or a ``restart`` of
+        it in the same transaction; returns the job after.
+
+        The move is checked by :func:`pollux.cluster.lifecycle.check_transition` (ValueError naming
+        from/to for an illegal one) and its effects applied: start time on first running, end time
+        and (for failed) the reason on a terminal state, the allocation cleared on pending or a
+        terminal state. ``allocation`` (after the move) replaces the job's allocation and is appended
+        to its history. With ``expect``, a job found in another state is left alone (nothing is
+        written) and returned as it is: the caller acted on a state that changed meanwhile.
+        """
+        alloc = None if allocation is None else _check_allocation(allocation)
         t = _now(now)
         with self._tx() as conn:
             row = self._row(conn, job_id)
             old = row["state"]
-            if new_state not in _TRANSITIONS[old]:
-                raise ValueError(f"illegal transition of job {job_id!r} from {old!r} to {new_state!r}")
-            sets = ["state = ?"]
-            params: list[Any] = [new_state]
-            if new_state == "running" and row["start_time"] is None:
-                sets.append("start_time = ?")
-                params.append(t)
-            if new_state in TERMINAL_STATES:
-                sets.append("end_time = ?")
-                params.append(t)
-            if new_state == "failed":
-                sets.append("failure_reason = ?")
-                params.append(reason)
-            if (new_state in TERMINAL_STATES or new_state == "pending") and json.loads(row["allocation"]):
-                sets.append("allocation = '{}'")
-                conn.execute("INSERT INTO allocations (job_id, time, allocation) VALUES (?, ?, '{}')",
-                             (job_id, t))
-            conn.execute(f"UPDATE jobs SET {', '.join(sets)} WHERE id = ?", (*params, job_id))
-            conn.execute("INSERT INTO transitions (job_id, from_state, to_state, time, reason) "
-                         "VALUES (?, ?, ?, ?, ?)", (job_id, old, new_state, t, reason))
+            if expect is not None and old not in set(expect):
+                return self._job(row)
+            sets: list[str] = []
+            params: list[Any] = []
+            if failure:
+                sets.append("failures = failures + 1")
+            if restart:
+                sets.append("restarts = restarts + 1")
+            if new_state is not None:
+                target = check_transition(job_id, old, new_state)
+                fx = effects(target, started=row["start_time"] is not None)
+                sets.append("state = ?")
+                params.append(target.value)
+                if fx.set_start_time:
+                    sets.append("start_time = ?")
+                    params.append(t)
+                if fx.set_end_time:
+                    sets.append("end_time = ?")
+                    params.append(t)
+                if fx.set_failure_reason:
+                    sets.append("failure_reason = ?")
+                    params.append(reason)
+                if fx.clear_allocation and json.loads(row["allocation"]):
+                    sets.append("allocation = '{}'")
+                    conn.execute("INSERT INTO allocations (job_id, time, allocation) VALUES (?, ?, '{}')",
+                                 (job_id, t))
+                conn.execute("INSERT INTO transitions (job_id, from_state, to_state, time, reason) "
+                             "VALUES (?, ?, ?, ?, ?)", (job_id, old, target.value, t, reason))
+            if sets:
+                conn.execute(f"UPDATE jobs SET {', '.join(sets)} WHERE id = ?", (*params, job_id))
+            if alloc is not None:
+                self._write_allocation(conn, job_id, alloc, t)
             return self._job(self._row(conn, job_id))
 
     def transitions(self, job_id: str) -> list[TransitionRecord]:
@@ -441,17 +377,11 @@ class JobStore:
 
     def add_restart(self, job_id: str) -> int:
         """Count one more restart of the job; returns the new count."""
-        with self._tx() as conn:
-            self._row(conn, job_id)
-            conn.execute("UPDATE jobs SET restarts = restarts + 1 WHERE id = ?", (job_id,))
-            return int(self._row(conn, job_id)["restarts"])
+        return self.transition(job_id, None, restart=True).restarts
 
     def add_failure(self, job_id: str) -> int:
         """Count one more failed run of the job (a replica exited with an error); returns the count."""
-        with self._tx() as conn:
-            self._row(conn, job_id)
-            conn.execute("UPDATE jobs SET failures = failures + 1 WHERE id = ?", (job_id,))
-            return int(self._row(conn, job_id)["failures"])
+        return self.transition(job_id, None, failure=True).failures
 
     def add_service(self, job_id: str, gpu_seconds: float) -> float:
         """Add attained service (GPU-seconds) to the job; returns the new total."""
@@ -471,10 +401,13 @@ class JobStore:
         t = _now(now)
         with self._tx() as conn:
             self._row(conn, job_id)
-            text = json.dumps(alloc)
-            conn.execute("UPDATE jobs SET allocation = ? WHERE id = ?", (text, job_id))
-            conn.execute("INSERT INTO allocations (job_id, time, allocation) VALUES (?, ?, ?)",
-                         (job_id, t, text))
+            self._write_allocation(conn, job_id, alloc, t)
+
+    @staticmethod
+    def _write_allocation(conn: sqlite3.Connection, job_id: str, alloc: dict[str, int], t: float) -> None:
+        text = json.dumps(alloc)
+        conn.execute("UPDATE jobs SET allocation = ? WHERE id = ?", (text, job_id))
+        conn.execute("INSERT INTO allocations (job_id, time, allocation) VALUES (?, ?, ?)", (job_id, t, text))
 
     def allocation_history(self, job_id: str) -> list[AllocationRecord]:
         with self._lock:
@@ -511,10 +444,22 @@ class JobStore:
             row = self._conn.execute("SELECT hints FROM hints WHERE job_id = ?", (job_id,)).fetchone()
             return None if row is None else json.loads(row["hints"])
 
+    def hints_of(self, job_ids: Iterable[str]) -> dict[str, dict[str, Any]]:
+        """``{job: latest hints}`` of those of ``job_ids`` that sent some, in one query (a round)."""
+        ids = sorted(set(job_ids))
+        out: dict[str, dict[str, Any]] = {}
+        with self._lock:
+            for k in range(0, len(ids), 500):   # SQLite's bound on parameters is far above 500
+                chunk = ids[k:k + 500]
+                rows = self._conn.execute(f"SELECT job_id, hints FROM hints WHERE job_id IN "
+                                          f"({','.join('?' * len(chunk))})", chunk).fetchall()
+                out.update((r["job_id"], json.loads(r["hints"])) for r in rows)
+        return out
+
     # -- policy state
 
     def save_policy_state(self, name: str, state: PolicyState | None, now: float | None = None) -> None:
-        text = json.dumps(encode_state(state) if state is not None else None, allow_nan=True)
+        text = json.dumps(state, allow_nan=True)      # opaque and JSON-able (pollux.policy.base)
         with self._tx() as conn:
             conn.execute("INSERT INTO policy_state (name, time, state) VALUES (?, ?, ?) ON CONFLICT(name) "
                          "DO UPDATE SET time = excluded.time, state = excluded.state",
@@ -527,7 +472,7 @@ class JobStore:
             if row is None:
                 return None
             data = json.loads(row["state"])
-            return None if data is None else decode_state(data)
+            return data     # the policy decodes what it encoded (old tagged rows included)
 
     # -- replicas
 

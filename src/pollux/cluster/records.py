@@ -1,0 +1,87 @@
+"""The records the job store reads and writes (:mod:`pollux.cluster.store`), apart from the store.
+
+Plain frozen dataclasses, so that the controller, the API and the tests can hold them without the
+store's SQLite plumbing; :mod:`pollux.cluster.store` re-exports every name.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from pollux.cluster.lifecycle import TERMINAL_STATES
+from pollux.cluster.spec import JobSpec
+
+__all__ = ["AllocationRecord", "JobRecord", "ReplicaRecord", "TransitionRecord", "UnknownJobError"]
+
+
+class UnknownJobError(KeyError):
+    """No job with this id in the store."""
+
+    def __init__(self, job_id: str) -> None:
+        self.job_id = job_id
+        super().__init__(job_id)
+
+    def __str__(self) -> str:
+        return f"unknown job {self.job_id!r}"
+
+
+# ---------------------------------------------------------------------------------------------- records
+
+
+@dataclass(frozen=True)
+class JobRecord:
+    """One row of ``jobs``; ``allocation`` is the job's current ``{node: GPUs}``.
+
+    ``token`` is the job's plain token on the record :meth:`JobStore.submit` returns, and None on
+    every record read back (only its hash is stored). ``spec_error`` is None, or — for a row whose
+    stored spec no longer validates — the first problem, ``spec`` then being a best-effort reading
+    (:meth:`JobSpec.from_stored`).
+    """
+
+    id: str
+    name: str
+    spec: JobSpec
+    state: str
+    token: str | None
+    submit_time: float
+    start_time: float | None
+    end_time: float | None
+    restarts: int
+    failure_reason: str | None
+    attained_service: float
+    allocation: dict[str, int]
+    failures: int = 0
+    spec_error: str | None = None
+
+    @property
+    def terminal(self) -> bool:
+        return self.state in TERMINAL_STATES
+
+
+@dataclass(frozen=True)
+class TransitionRecord:
+    job_id: str
+    from_state: str | None
+    to_state: str
+    time: float
+    reason: str | None
+
+
+@dataclass(frozen=True)
+class AllocationRecord:
+    job_id: str
+    time: float
+    allocation: dict[str, int]
+
+
+@dataclass(frozen=True)
+class ReplicaRecord:
+    job_id: str
+    restart: int
+    rank: int
+    node: str
+    pid: int | None
+    log_path: str | None
+    start_time: float
+    exit_code: int | None
+    end_time: float | None
