@@ -1,0 +1,85 @@
+"""The house rules of docs/architecture.md, checked on the source: who may import whom, file sizes.
+
+Arrows point down to the core. A change that needs an arrow the other way fails here, which is the
+point: the design is then wrong, or the page (and this table) must change with a reason.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+SRC = Path(__file__).resolve().parents[1] / "src" / "pollux"
+
+#: Part → the Pollux parts it may import (itself always allowed). Lazy imports inside functions count.
+ALLOWED: dict[str, set[str]] = {
+    "contract": set(),
+    "goodput": set(),
+    "hints": {"goodput", "contract"},
+    "policy": {"goodput"},
+    "sim": {"goodput", "policy"},
+    "torch": {"goodput", "hints", "contract"},
+    "cluster": {"goodput", "policy", "hints", "contract"},
+    "cli": {"goodput", "policy", "sim", "cluster", "hints", "contract"},
+}
+#: Third-party packages a part must never import: the service and the core run without torch.
+FORBIDDEN_THIRD_PARTY: dict[str, set[str]] = {
+    "contract": {"torch", "numpy", "ray", "fastapi"},
+    "goodput": {"torch", "ray", "fastapi"},
+    "hints": {"torch", "ray"},
+    "policy": {"torch", "ray", "fastapi"},
+    "sim": {"torch", "ray", "fastapi"},
+    "cluster": {"torch"},
+    "cli": {"torch"},
+}
+MAX_LINES = 600
+
+
+def _part(path: Path) -> str:
+    rel = path.relative_to(SRC)
+    return rel.parts[0].removesuffix(".py") if rel.parts else ""
+
+
+def _imports(path: Path) -> list[tuple[int, str]]:
+    tree = ast.parse(path.read_text(), filename=str(path))
+    out: list[tuple[int, str]] = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            out += [(node.lineno, a.name) for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            out.append((node.lineno, node.module))
+    return out
+
+
+def _sources() -> list[Path]:
+    return sorted(p for p in SRC.rglob("*.py") if p.name != "__init__.py" or p.parent != SRC)
+
+
+def test_every_part_is_known():
+    parts = {_part(p) for p in _sources()} - {"__main__", "_version", "__init__"}
+    assert parts <= set(ALLOWED), f"parts without import rules: {sorted(parts - set(ALLOWED))}"
+
+
+@pytest.mark.parametrize("part", sorted(ALLOWED))
+def test_imports_point_down(part):
+    bad = []
+    for path in _sources():
+        if _part(path) != part:
+            continue
+        for line, module in _imports(path):
+            top, _, rest = module.partition(".")
+            if top == "pollux" and rest:
+                target = rest.split(".")[0]
+                if target != part and target not in ALLOWED[part]:
+                    bad.append(f"{path.relative_to(SRC.parent)}:{line} imports {module}")
+            elif top in FORBIDDEN_THIRD_PARTY.get(part, set()):
+                bad.append(f"{path.relative_to(SRC.parent)}:{line} imports {module}")
+    assert not bad, "imports against docs/architecture.md:\n" + "\n".join(bad)
+
+
+def test_no_source_file_over_the_limit():
+    long = [f"{p.relative_to(SRC.parent)}: {n} lines" for p in _sources()
+            if (n := len(p.read_text().splitlines())) > MAX_LINES]
+    assert not long, f"split by what they hold (limit {MAX_LINES}):\n" + "\n".join(long)
