@@ -32,14 +32,20 @@ def gain(scale: ArrayLike, sqr: ArrayLike, var: ArrayLike) -> np.ndarray:
 
     ``gain(1) = 1`` and ``1 <= gain(S) <= S`` for ``S >= 1``. With no signal (sqr = 0) the gain is
     S (perfectly efficient); with no noise (var = 0) it is 1.
+
+    Only the ratio of ``var`` and ``sqr`` matters, so near the ends of the float range both are first
+    divided by the larger: a subnormal ``var`` divided by S would otherwise underflow to 0 for some S
+    and not others (gain jumping between 1 and S). Ordinary values are divided by 1, exactly.
     """
     scale = np.asarray(scale, dtype=np.float64)
     sqr = np.asarray(sqr, dtype=np.float64)
     var = np.maximum(np.asarray(var, dtype=np.float64), 0.0)
-    num = var + sqr
-    den = var / scale + sqr
+    top = np.maximum(var, sqr)
     with np.errstate(invalid="ignore", divide="ignore"):
-        out = np.where(den > 0.0, num / np.where(den > 0.0, den, 1.0), scale)
+        unit = np.where((top > 0.0) & ((top < 1e-280) | (top > 1e280)), top, 1.0)
+        v, q = var / unit, sqr / unit
+        den = v / scale + q
+        out = np.where(den > 0.0, (v + q) / np.where(den > 0.0, den, 1.0), scale)
     return out
 
 
