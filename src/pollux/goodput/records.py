@@ -8,6 +8,7 @@ optimiser and silently turn every goodput into NaN.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
@@ -34,6 +35,23 @@ def check_number(name: str, value: Any, *, minimum: float = 0.0, maximum: float 
     if number > maximum:
         raise ValueError(f"{name}: must be <= {maximum:g}, got {number!r}")
     return number
+
+
+def check_fields(where: str, data: Any, names: Sequence[str], expected: str) -> None:
+    """Raise ``ValueError`` unless ``data`` is a dict with exactly the keys ``names``.
+
+    The message starts with ``where``; ``expected`` says what the object should have been. One rule
+    for every JSON object a user or an agent hands in: a missing field and an unknown (misspelt) one
+    are both errors.
+    """
+    if not isinstance(data, dict):
+        raise ValueError(f"{where}: expected {expected}")
+    missing = [n for n in names if n not in data]
+    if missing:
+        raise ValueError(f"{where}: missing field(s) {', '.join(missing)}")
+    extra = sorted(set(data) - set(names))
+    if extra:
+        raise ValueError(f"{where}: unknown field(s) {', '.join(extra)}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,15 +85,8 @@ class ThroughputParams:
     @classmethod
     def from_dict(cls, data: dict[str, Any], *, where: str = "throughput") -> ThroughputParams:
         """Build from a mapping; errors name the missing or bad field as ``where.field``."""
-        if not isinstance(data, dict):
-            raise ValueError(f"{where}: expected an object with the 7 throughput parameters")
         names = [f.name for f in fields(cls)]
-        missing = [n for n in names if n not in data]
-        if missing:
-            raise ValueError(f"{where}: missing field(s) {', '.join(missing)}")
-        extra = sorted(set(data) - set(names))
-        if extra:
-            raise ValueError(f"{where}: unknown field(s) {', '.join(extra)}")
+        check_fields(where, data, names, "an object with the 7 throughput parameters")
         try:
             return cls(**{n: data[n] for n in names})
         except ValueError as exc:
@@ -112,14 +123,7 @@ class GradStats:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any], *, where: str = "grad") -> GradStats:
-        if not isinstance(data, dict):
-            raise ValueError(f"{where}: expected an object with fields sqr and var")
-        missing = [n for n in ("sqr", "var") if n not in data]
-        if missing:
-            raise ValueError(f"{where}: missing field(s) {', '.join(missing)}")
-        extra = sorted(set(data) - {"sqr", "var"})
-        if extra:
-            raise ValueError(f"{where}: unknown field(s) {', '.join(extra)}")
+        check_fields(where, data, ("sqr", "var"), "an object with fields sqr and var")
         try:
             return cls(sqr=data["sqr"], var=data["var"])
         except ValueError as exc:

@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from pollux.goodput import BatchLimits, ScalingRule, scaling_rule_for
+from pollux.goodput.records import check_fields
 
 __all__ = ["AppMeta", "default_metadata"]
 
@@ -120,14 +121,7 @@ def _load_metadata_cached(path: Path, mtime_ns: int) -> tuple[tuple[str, AppMeta
     out = []
     for name, entry in apps.items():
         where = f"applications.{name}"
-        if not isinstance(entry, dict):
-            raise ValueError(f"{path}: {where}: expected an object")
-        missing = [f for f in _META_FIELDS if f not in entry]
-        if missing:
-            raise ValueError(f"{path}: {where}: missing field(s) {', '.join(missing)}")
-        extra = sorted(set(entry) - set(_META_FIELDS))
-        if extra:
-            raise ValueError(f"{path}: {where}: unknown field(s) {', '.join(extra)}")
+        check_fields(f"{path}: {where}", entry, _META_FIELDS, "an object")
         try:
             meta = AppMeta(name=name, **{f: entry[f] for f in _META_FIELDS})
         except ValueError as exc:

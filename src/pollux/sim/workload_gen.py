@@ -60,6 +60,7 @@ from pathlib import Path
 import numpy as np
 
 from pollux.goodput import gain
+from pollux.goodput.records import check_number
 from pollux.sim.csvrows import read_rows
 from pollux.sim.engine import fixed_batch_config
 from pollux.sim.profiles import AppProfile
@@ -133,10 +134,7 @@ def _trace_number(path: Path, line: int, field: str, text: str, *, integer: bool
         value = float(text)
     except (TypeError, ValueError):
         raise ValueError(f"{where}: not a number: {text!r}") from None
-    if not math.isfinite(value):
-        raise ValueError(f"{where}: must be finite, got {text!r}")
-    if value < minimum:
-        raise ValueError(f"{where}: must be >= {minimum:g}, got {text!r}")
+    check_number(where, value, minimum=minimum)
     if integer and value != int(value):
         raise ValueError(f"{where}: must be an integer, got {text!r}")
     return value
