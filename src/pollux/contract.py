@@ -46,10 +46,16 @@ ENV_SCHEDULER_URL = "POLLUX_SCHEDULER_URL"
 #: Bearer token of this launch, valid for the job's own hints only.
 ENV_JOB_TOKEN = "POLLUX_JOB_TOKEN"
 
+#: Per-replica batch balancing the job asked for (``pollux submit --balance``): ``auto``, ``gpu``,
+#: ``cpu`` or ``off``; the agent's default when the script does not call ``balance_batches``.
+ENV_BALANCE = "POLLUX_BALANCE"
+#: The balance modes ENV_BALANCE may hold.
+BALANCE_MODES: tuple[str, ...] = ("auto", "gpu", "cpu", "off")
+
 #: Every variable of the contract, in the order the docs list them.
 POLLUX_VARS: tuple[str, ...] = (
     ENV_JOB_ID, ENV_RANK, ENV_NUM_REPLICAS, ENV_NODE_RANK, ENV_NUM_NODES, ENV_MASTER_ADDR,
-    ENV_MASTER_PORT, ENV_CHECKPOINT_DIR, ENV_RESTARTS, ENV_SCHEDULER_URL, ENV_JOB_TOKEN,
+    ENV_MASTER_PORT, ENV_CHECKPOINT_DIR, ENV_RESTARTS, ENV_SCHEDULER_URL, ENV_JOB_TOKEN, ENV_BALANCE,
 )
 
 # --------------------------------------------------------------------------------------------
