@@ -157,3 +157,42 @@ def test_console_entry_exit_statuses(tmp_path):
     assert runtime.stderr == f"pollux: error: --profiles {tmp_path / 'no'}: no such folder\n"
     ok = subprocess.run([*cmd, "--help"], capture_output=True, text=True, timeout=60)
     assert ok.returncode == 0 and "usage: pollux" in ok.stdout
+
+
+def test_simulate_slow_nodes_and_balance_both(capsys, monkeypatch):
+    """--slow-nodes/--slow-factor set the nodes' speeds; --balance both runs each policy twice."""
+    from pollux.sim import runner
+
+    seen = []
+
+    class Stop(Exception):
+        pass
+
+    def fake_run_many(specs, *args, **kwargs):
+        seen.extend(specs)
+        raise Stop
+
+    monkeypatch.setattr(runner, "run_many", fake_run_many)
+    with pytest.raises(Stop):
+        main(["simulate", "--quiet", "--policy", "pollux", "--policy", "tiresias", "--slow-nodes", "4",
+              "--slow-factor", "0.25", "--balance", "both"])
+    assert [(s.policy, s.config.balance) for s in seen] == [("pollux", False), ("pollux", True),
+                                                            ("tiresias", False), ("tiresias", True)]
+    assert all(s.config.node_speed == (0.25,) * 4 + (1.0,) * 12 for s in seen)
+    seen.clear()
+    with pytest.raises(Stop):
+        main(["simulate", "--quiet", "--policy", "pollux"])
+    assert [(s.config.balance, set(s.config.node_speed)) for s in seen] == [(False, {1.0})]
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["--slow-nodes", "17"], "--slow-nodes: expected at most 16 (the cluster's nodes), got 17"),
+    (["--slow-nodes", "-1"], "argument --slow-nodes: expected an integer >= 0, got -1"),
+    (["--slow-factor", "1.5"], "argument --slow-factor: expected a number in (0, 1], got 1.5"),
+    (["--slow-factor", "0"], "argument --slow-factor: expected a number in (0, 1], got 0"),
+    (["--balance", "maybe"], "argument --balance: invalid choice: 'maybe'"),
+])
+def test_simulate_bad_slow_node_options_are_usage_errors(capsys, argv, message):
+    code, out, err = run(capsys, ["simulate", "--quiet", *argv])
+    assert code == 2 and out == ""
+    assert f"pollux simulate: error: {message}" in err

@@ -585,3 +585,42 @@ def test_client_methods_and_errors(service):
 def test_cli_state_lists_match_the_store():
     assert cluster_commands.JOB_STATES == JOB_STATES
     assert cluster_commands.TERMINAL_STATES == TERMINAL_STATES
+
+
+# ------------------------------------------------------------------------------ LB-BSP balance (issue 12)
+
+
+def test_submit_balance_reaches_the_spec(service, capsys):
+    job_id = submit(service, capsys, "--balance", "auto")
+    assert service.store.get_job(job_id).spec.balance == "auto"
+    plain = submit(service, capsys)
+    assert service.store.get_job(plain).spec.balance == "off"           # default: off
+    code, out, _ = run(capsys, service.args("describe", "--json", job_id))
+    assert code == 0 and json.loads(out)["spec"]["balance"] == "auto"
+    code, out, err = run(capsys, service.args("submit", "--balance", "fast", "--batch-size", "8",
+                                              "--working-dir", str(service.work), "train.py"))
+    assert code == 2 and out == ""
+    assert "pollux submit: error: argument --balance: invalid choice: 'fast'" in err
+
+
+def test_describe_shows_balance_info_only_when_present(service, capsys):
+    job_id = submit(service, capsys, "--balance", "gpu", name="lb")
+    service.store.put_hints(job_id, make_hints())
+    code, out, err = run(capsys, service.args("describe", job_id))
+    assert code == 0, err
+    lines = out.splitlines()
+    assert any(line.split() == ["balance", "gpu"] for line in lines)          # the spec's mode
+    assert "stragglers" not in out and "SHARE" not in out                   # no balance in the hints
+    balance = {"mode": "gpu", "shares": [40, 20, 4], "step_times": [0.21, 0.2, 0.35],
+               "predicted_step_time": 0.205, "stragglers": [2]}
+    hints = {**make_hints(), "balance": balance}
+    service.store.put_hints(job_id, hints)
+    code, out, err = run(capsys, service.args("describe", job_id))
+    assert code == 0, err
+    hint_part = out.split("\nhints\n", 1)[1]
+    assert "gpu, 3 rank(s), 64 examples per step, predicted step 0.205 s" in hint_part
+    assert "rank(s) 2 at the minimum share" in hint_part
+    rows = [line.split() for line in hint_part.splitlines() if line.split()[:1] in (["0"], ["1"], ["2"])]
+    assert rows == [["0", "40", "0.210"], ["1", "20", "0.200"], ["2", "4", "0.350", "straggler"]]
+    code, out, _ = run(capsys, service.args("describe", "--json", job_id))
+    assert json.loads(out)["hints"]["balance"]["shares"] == [40, 20, 4]

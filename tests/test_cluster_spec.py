@@ -319,3 +319,33 @@ def test_falsy_args_that_are_not_a_list_are_refused(args):
     with pytest.raises(SpecError) as err:
         JobSpec.from_dict({**BASE, "args": args})
     assert err.value.field == "args"
+
+
+# ------------------------------------------------------------------------------ balance (issue 12)
+
+
+def test_balance_defaults_to_off_and_accepts_the_contract_modes():
+    from pollux.contract import BALANCE_MODES
+
+    base = {"entrypoint": "t.py", "init_batch_size": 8}
+    assert JobSpec.from_dict(base).balance == "off"
+    assert JobSpec.from_dict({**base, "balance": None}).balance == "off"
+    for mode in BALANCE_MODES:
+        spec = JobSpec.from_dict({**base, "balance": mode})
+        assert spec.balance == mode and spec.to_dict()["balance"] == mode
+        assert JobSpec.from_dict(json.loads(json.dumps(spec.to_dict()))) == spec
+
+
+@pytest.mark.parametrize("value", ["fast", "AUTO", "", 1, True, ["gpu"]])
+def test_bad_balance_is_refused_naming_the_field(value):
+    with pytest.raises(SpecError) as info:
+        JobSpec.from_dict({"entrypoint": "t.py", "init_batch_size": 8, "balance": value})
+    assert info.value.field == "balance"
+    assert str(info.value).startswith("balance: expected one of auto, gpu, cpu, off")
+
+
+def test_stored_spec_with_a_bad_balance_keeps_the_rest():
+    spec, problem = JobSpec.from_stored(json.dumps({"entrypoint": "t.py", "init_batch_size": 8,
+                                                    "balance": "turbo"}))
+    assert problem is not None and problem.startswith("balance:")
+    assert spec.balance == "off" and spec.init_batch_size == 8

@@ -560,3 +560,17 @@ def test_rescaling_jobs_can_be_cancelled_fast_or_fail_their_relaunch(rig):
     r.tick(dt=2.5)
     r.tick(dt=0.0)
     assert not r.backend.replicas
+
+
+def test_balance_mode_reaches_every_replica_env_only_when_not_off(rig):
+    from pollux.contract import ENV_BALANCE
+
+    r = rig(nodes={"node-0": 2, "node-1": 2})
+    r.submit("lb", {"node-0": 1, "node-1": 1}, balance="cpu")
+    r.submit("eq", {"node-0": 1, "node-1": 1})
+    r.running("lb")
+    r.running("eq")
+    (balanced,) = r.backend.requested("lb")
+    assert [s.env.get(ENV_BALANCE) for s in balanced] == ["cpu", "cpu"]
+    (plain,) = r.backend.requested("eq")
+    assert all(ENV_BALANCE not in s.env for s in plain)

@@ -40,7 +40,8 @@ def test_schema_is_valid_draft_2020_12_and_shipped_in_package():
     jsonschema.Draft202012Validator.check_schema(schema)
     assert schema["$schema"].endswith("/draft/2020-12/schema")
     assert SCHEMA_PATH.name == "hints-v1.json" and SCHEMA_PATH.parent.parent.name == "pollux"
-    assert set(schema["required"]) == set(schema["properties"])
+    # Every field is required except the optional LB-BSP "balance" object (issue 12).
+    assert set(schema["required"]) == set(schema["properties"]) - {"balance"}
 
 
 def test_build_hints_round_trips_through_json_and_schema():
@@ -217,3 +218,56 @@ def test_hints_path_quotes_the_job_id():
 def test_hints_module_does_not_import_torch():
     code = "import sys, pollux.hints; sys.exit('torch' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code], timeout=60).returncode == 0
+
+
+BALANCE = {"mode": "gpu", "shares": [20, 12], "step_times": [0.101, 0.098],
+           "predicted_step_time": 0.1, "stragglers": [1]}
+
+
+def test_balance_is_optional_and_round_trips():
+    assert "balance" not in make_hints()                    # old hints stay valid, without it
+    hints = make_hints(balance=BALANCE)
+    assert hints["balance"] == BALANCE
+    jsonschema.validate(hints, load_schema(), cls=jsonschema.Draft202012Validator)
+    assert validate_hints(json.loads(json.dumps(hints))) == hints
+    raw = copy.deepcopy(hints)
+    raw["balance"]["shares"] = [20.0, np.int64(12)]
+    raw["balance"]["step_times"] = [np.float32(0.5), 1]
+    raw["balance"]["stragglers"] = []
+    out = validate_hints(raw)["balance"]
+    assert out["shares"] == [20, 12] and all(type(x) is int for x in out["shares"])
+    assert out["step_times"] == [0.5, 1.0] and all(type(x) is float for x in out["step_times"])
+    model, _, _ = hints_to_model(hints)                      # the policy's view is unchanged
+    assert model.throughput_params == PARAMS
+
+
+BALANCE_VIOLATIONS = [
+    ("mode", lambda b: b.update(mode="auto"), "balance.mode"),
+    ("mode missing", lambda b: b.pop("mode"), "balance.mode"),
+    ("zero share", lambda b: b.update(shares=[20, 0]), "balance.shares.1"),
+    ("fractional share", lambda b: b.update(shares=[20.5, 12]), "balance.shares.0"),
+    ("no shares", lambda b: b.update(shares=[]), "balance.shares"),
+    ("negative time", lambda b: b.update(step_times=[0.1, -0.1]), "balance.step_times.1"),
+    ("nan time", lambda b: b.update(step_times=[math.nan, 0.1]), "balance.step_times.0"),
+    ("inf predicted", lambda b: b.update(predicted_step_time=math.inf), "balance.predicted_step_time"),
+    ("times length", lambda b: b.update(step_times=[0.1]), "balance.step_times"),
+    ("straggler range", lambda b: b.update(stragglers=[0, 2]), "balance.stragglers.1"),
+    ("negative straggler", lambda b: b.update(stragglers=[-1]), "balance.stragglers.0"),
+    ("duplicate straggler", lambda b: b.update(stragglers=[1, 1]), "balance.stragglers"),
+    ("extra field", lambda b: b.update(delta=5), "balance.delta"),
+    ("not an object", None, "balance"),
+]
+
+
+@pytest.mark.parametrize(("mutate", "field"), [(m, f) for _, m, f in BALANCE_VIOLATIONS],
+                         ids=[d for d, _, _ in BALANCE_VIOLATIONS])
+def test_bad_balance_is_rejected_naming_the_field(mutate, field):
+    hints = make_hints(balance=BALANCE)
+    if mutate is None:
+        hints["balance"] = [1, 2]
+    else:
+        mutate(hints["balance"])
+    with pytest.raises(HintsError) as info:
+        validate_hints(hints)
+    assert info.value.field == field, str(info.value)
+    assert str(info.value).startswith(f"{field}:")

@@ -8,8 +8,9 @@ model a policy needs with :func:`hints_to_model`.
 
 The body is described by one JSON Schema kept in the package, ``schemas/hints-v1.json`` (draft
 2020-12). What a schema cannot express is checked here: every number finite (Python's ``json`` accepts
-``NaN`` and ``Infinity``), ``local_bsz_bounds[0] <= local_bsz_bounds[1]`` and
-``max_batch_size >= init_batch_size``.
+``NaN`` and ``Infinity``), ``local_bsz_bounds[0] <= local_bsz_bounds[1]``,
+``max_batch_size >= init_batch_size``, and in the optional ``balance`` object (LB-BSP, SPEC §10) one
+step time per share and straggler ranks below the number of shares.
 
 This module must not import torch: the service imports it.
 """
@@ -174,7 +175,25 @@ def validate_hints(obj: Any) -> dict[str, Any]:
     }
     for name in _INTEGER_FIELDS:
         out[name] = int(data[name])
+    if "balance" in data:
+        out["balance"] = _check_balance(data["balance"])
     return out
+
+
+def _check_balance(balance: Mapping[str, Any]) -> dict[str, Any]:
+    """The ``balance`` object normalised, after the cross-field checks the schema cannot make."""
+    shares = [int(x) for x in balance["shares"]]
+    times = [float(x) for x in balance["step_times"]]
+    if len(times) != len(shares):
+        raise HintsError("balance.step_times", f"has {len(times)} entries for {len(shares)} shares "
+                                               "(one per rank)")
+    stragglers = [int(x) for x in balance["stragglers"]]
+    for i, rank in enumerate(stragglers):
+        if rank >= len(shares):
+            raise HintsError(f"balance.stragglers.{i}", f"rank {rank} is not below the {len(shares)} "
+                                                        "ranks of shares")
+    return {"mode": str(balance["mode"]), "shares": shares, "step_times": times,
+            "predicted_step_time": float(balance["predicted_step_time"]), "stragglers": stragglers}
 
 
 def build_hints(
@@ -187,11 +206,14 @@ def build_hints(
     max_replicas_seen: int,
     progress: float,
     epoch: int,
+    balance: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The hints body of a job, validated (see :func:`validate_hints`).
 
     ``max_batch_size`` None means a fixed batch (``init_batch_size``). ``local_bsz_bounds`` None, or
     a None bound, means no bound: the lower defaults to 1, the upper to ``max_batch_size``.
+    ``balance`` (optional) is the LB-BSP state: ``{"mode", "shares", "step_times",
+    "predicted_step_time", "stragglers"}``; None leaves the field out.
     """
     throughput = params.to_dict() if isinstance(params, ThroughputParams) else dict(params)
     stats = grad.to_dict() if isinstance(grad, GradStats) else dict(grad)
@@ -209,6 +231,8 @@ def build_hints(
         "progress": progress,
         "epoch": epoch,
     }
+    if balance is not None:
+        body["balance"] = dict(balance)
     return validate_hints(body)
 
 

@@ -41,6 +41,7 @@ from pollux.cli.parser import (
     positive_float,
     positive_int,
 )
+from pollux.contract import BALANCE_MODES
 
 if TYPE_CHECKING:
     from pollux.cluster.client import PolluxClient
@@ -144,6 +145,8 @@ def cmd_submit(args: argparse.Namespace) -> int:
         spec["min_replicas"] = args.min_replicas
     if args.max_replicas is not None:
         spec["max_replicas"] = args.max_replicas
+    if args.balance is not None:
+        spec["balance"] = args.balance
     with _client(args) as client:
         job = client.submit(spec, name=args.name)
     job.pop("token", None)
@@ -289,6 +292,9 @@ def add_cluster_commands(sub: Any) -> None:
                    help="GPUs per replica (default 1)")
     p.add_argument("--no-preempt", action="store_true",
                    help="never take GPUs away from the job once it runs")
+    p.add_argument("--balance", choices=BALANCE_MODES, metavar="MODE",
+                   help="LB-BSP balancing of the replicas' local batches: "
+                        f"{', '.join(BALANCE_MODES)} (default off; passed as POLLUX_BALANCE)")
     p.add_argument("--name", help="a name for the job (default: its id)")
     p.add_argument("--working-dir", metavar="DIR",
                    help="folder the replicas run in (default: the current folder)")

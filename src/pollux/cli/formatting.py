@@ -145,6 +145,7 @@ def describe_text(job: dict[str, Any]) -> str:
     res = spec.get("resources") or {}
     kv("per replica", ", ".join(f"{k}={num(v)}" for k, v in res.items()) or "-")
     kv("preemptible", "yes" if spec.get("preemptible", True) else "no")
+    kv("balance", spec.get("balance") or "off")
 
     transitions = job.get("transitions") or []
     if transitions:
@@ -180,7 +181,30 @@ def describe_text(job: dict[str, Any]) -> str:
         tp = hints.get("throughput") or {}
         if tp:
             kv("throughput", ", ".join(f"{k}={num(v)}" for k, v in tp.items()))
+        balance = hints.get("balance")
+        if isinstance(balance, dict):
+            out.extend("  " + line for line in balance_lines(balance))
     return "\n".join(out)
+
+
+def balance_lines(balance: dict[str, Any]) -> list[str]:
+    """The LB-BSP part of a job's hints: mode, predicted step time, stragglers, and per rank its
+    share and measured compute time (``describe``)."""
+    shares = list(balance.get("shares") or [])
+    times = list(balance.get("step_times") or [])
+    stragglers = [int(r) for r in balance.get("stragglers") or []]
+    predicted = balance.get("predicted_step_time")
+    out = [f"{'balance':<14}{escape(str(balance.get('mode', '-')))}, "
+           f"{len(shares)} rank(s), {sum(int(x) for x in shares)} examples per step, predicted step "
+           + (f"{float(predicted):.3f} s" if isinstance(predicted, int | float) else "-")]
+    if stragglers:
+        out.append(f"{'stragglers':<14}rank(s) {', '.join(map(str, stragglers))} at the minimum share: "
+                   "consider removing their nodes")
+    rows = [[rank, share, f"{float(times[rank]):.3f}" if rank < len(times) else "-",
+             "straggler" if rank in stragglers else ""] for rank, share in enumerate(shares)]
+    text = table(["RANK", "SHARE", "STEP S", ""], rows, right=(0, 1, 2))
+    out += ["  " + line for line in text.splitlines()]
+    return out
 
 
 def status_text(st: dict[str, Any]) -> str:

@@ -15,10 +15,22 @@ import numpy as np
 
 from pollux.cli.errors import CliError
 from pollux.cli.formatting import goodput_text
-from pollux.cli.parser import add_policy_option, command, fraction, positive_float, positive_int
+from pollux.cli.parser import (
+    _typed,
+    add_policy_option,
+    command,
+    fraction,
+    nonnegative_int,
+    positive_float,
+    positive_int,
+)
 
 GPU_COUNTS = (1, 2, 4, 8, 16, 32, 64)
 GPUS_PER_NODE = 4
+#: ``--balance`` choices: LB-BSP batch balancing off, on, or each policy run both ways.
+BALANCE_CHOICES = ("off", "on", "both")
+
+speed_factor = _typed("speed factor", float, lambda v: math.isfinite(v) and 0 < v <= 1, "a number in (0, 1]")
 
 
 def _goodput_rows(job: Any, phase: str) -> list[dict[str, float]]:
@@ -80,8 +92,11 @@ def _workload_files(arg: str) -> list[Path]:
 
 
 def cmd_simulate(args: argparse.Namespace) -> int:
+    from dataclasses import replace
+
     from pollux.policy.registry import policy_names
     from pollux.sim import defaults
+    from pollux.sim.balance import slow_node_speeds
     from pollux.sim.engine import SimConfig
     from pollux.sim.report import finish_time_fairness, format_table, to_json, write_plots
     from pollux.sim.runner import RunSpec, _profiles, run_many
@@ -91,15 +106,24 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     workloads = _workload_files(args.workload) if args.workload else [defaults.workload_file()]
     policies = args.policy or list(policy_names(compare=True))
     try:
-        config = SimConfig(interval=args.interval, interference=args.interference, seed=args.seed)
+        base = SimConfig(interval=args.interval, interference=args.interference, seed=args.seed)
+        if args.slow_nodes > base.num_nodes:
+            raise CliError(f"--slow-nodes: expected at most {base.num_nodes} (the cluster's nodes), "
+                           f"got {args.slow_nodes}", usage=True)
+        speeds = slow_node_speeds(base.num_nodes, args.slow_nodes, args.slow_factor)
+        balances = {"off": [False], "on": [True], "both": [False, True]}[args.balance]
+        configs = [replace(base, node_speed=speeds, balance=b) for b in balances]
         profiles = _profiles(profiles_dir)
         for w in workloads:                      # validate every file before any long run starts
             read_workload(w, applications=profiles)
     except ValueError as exc:                    # a malformed profile or workload, named in the message
         raise CliError(str(exc)) from exc
-    specs = [RunSpec(w, name, config) for w in workloads for name in policies]
+    config = configs[0]
+    specs = [RunSpec(w, name, c) for w in workloads for name in policies for c in configs]
+    slow = (f", {args.slow_nodes} node(s) at speed {args.slow_factor:g}" if args.slow_nodes else "")
     print(f"simulating {len(workloads)} workload(s) x {len(policies)} policy(ies) "
-          f"({len(specs)} runs) on {config.num_nodes} x {config.gpus_per_node} GPUs ...", file=sys.stderr)
+          f"({len(specs)} runs) on {config.num_nodes} x {config.gpus_per_node} GPUs{slow}, "
+          f"balancing {args.balance} ...", file=sys.stderr)
     results = run_many(specs, profiles_dir, processes=args.processes, progress=not args.quiet)
     total = config.num_nodes * config.gpus_per_node
     for res in results:
@@ -161,6 +185,14 @@ def add_sim_commands(sub: Any) -> None:
                    help="scheduling interval, s (default 60)")
     p.add_argument("--interference", type=fraction, default=0.0,
                    help="slowdown of distributed jobs sharing a node, 0..1 (default 0)")
+    p.add_argument("--slow-nodes", type=nonnegative_int, default=0, metavar="N",
+                   help="the first N nodes run at --slow-factor of the profiles' speed (default 0)")
+    p.add_argument("--slow-factor", type=speed_factor, default=0.5, metavar="F",
+                   help="speed factor of the slow nodes, in (0, 1] (default 0.5)")
+    p.add_argument("--balance", choices=BALANCE_CHOICES, default="off",
+                   help="LB-BSP balancing of the jobs' local batches: off, on, or both (each policy "
+                        "run without and with it; the balanced runs are labelled POLICY+lbbsp). "
+                        "Default off")
     p.add_argument("--processes", type=positive_int, default=None,
                    help="parallel processes (default: one per run, at most the CPU count)")
     p.add_argument("--json", metavar="OUT", help="write results as JSON to OUT")

@@ -23,6 +23,7 @@ from fastapi.openapi.utils import get_openapi
 from pollux.cluster import spec as _spec
 from pollux.cluster.lifecycle import JOB_STATES
 from pollux.cluster.limits import MAX_BODY_BYTES, MAX_JSON_DEPTH, MAX_QUERY_INT
+from pollux.contract import BALANCE_MODES
 from pollux.hints import load_schema as _load_hints_schema
 
 __all__ = ["COMPONENTS", "JOB_ID_PATTERN", "install", "request_body", "responses"]
@@ -80,6 +81,9 @@ def _job_spec(*, answer: bool) -> dict[str, Any]:
             "description": "Ray resources per replica; GPU (a whole number, default 1) must fit on one "
                            "node, every other resource be present somewhere in that amount."},
         "preemptible": {"type": "boolean", "description": "Whether the policy may take the job's GPUs."},
+        "balance": {"type": "string", "enum": list(BALANCE_MODES),
+                    "description": "LB-BSP balancing of the replicas' local batches, given to them as "
+                                   "POLLUX_BALANCE (unset when off). Default off."},
     }
     schema: dict[str, Any] = {"type": "object", "additionalProperties": False, "properties": fields}
     if answer:

@@ -31,7 +31,7 @@ from typing import Any
 
 from pollux.cluster.backend_api import NodeInfo, ReplicaHandle, ReplicaLaunch
 from pollux.cluster.spec import JobSpec
-from pollux.contract import ENV_NODE_RANK, ENV_NUM_NODES, ENV_NUM_REPLICAS, ENV_RANK
+from pollux.contract import ENV_BALANCE, ENV_NODE_RANK, ENV_NUM_NODES, ENV_NUM_REPLICAS, ENV_RANK
 
 __all__ = ["Launch", "LaunchError", "backoff_s", "build_launches", "busy_reason", "gpus_per_replica",
            "launch_usage", "lookup_user", "never_fits", "prepare_checkpoint_dir", "prepare_run_as",
@@ -99,7 +99,11 @@ def rank_nodes(placement: Mapping[str, int], per_replica: int = 1) -> list[str]:
 def build_launches(spec: JobSpec, placement: Mapping[str, int], *, command: list[str],
                    base_env: Mapping[str, str], log_root: Path,
                    user: str | None = None) -> list[ReplicaLaunch]:
-    """One launch per replica of a run on ``placement``; raises LaunchError if it forms no replica."""
+    """One launch per replica of a run on ``placement``; raises LaunchError if it forms no replica.
+
+    A spec whose ``balance`` is not ``"off"`` sets ``POLLUX_BALANCE`` (the agent's default balance
+    mode) in every replica's environment; an off one leaves it unset, as before the field existed.
+    """
     per = gpus_per_replica(spec)
     ranks = rank_nodes(placement, per)
     if not ranks:
@@ -108,6 +112,8 @@ def build_launches(spec: JobSpec, placement: Mapping[str, int], *, command: list
     node_order = list(dict.fromkeys(ranks))
     resources = dict(spec.resources)
     env = {**base_env, ENV_NUM_REPLICAS: str(len(ranks)), ENV_NUM_NODES: str(len(node_order))}
+    if spec.balance != "off":
+        env[ENV_BALANCE] = spec.balance
     return [ReplicaLaunch(rank=r, node=n, command=list(command), cwd=spec.working_dir,
                           env={**env, ENV_RANK: str(r), ENV_NODE_RANK: str(node_order.index(n))},
                           log_path=str(log_root / f"rank-{r}.log"), resources=resources, user=user)

@@ -40,6 +40,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pollux.contract import BALANCE_MODES
+
 __all__ = [
     "MAX_ARGS",
     "MAX_ARGS_TOTAL_CHARS",
@@ -208,7 +210,9 @@ class JobSpec:
     is None. ``max_batch_size`` None means a fixed batch; ``local_bsz_bounds`` entries None mean
     unbounded. ``resources`` are Ray resources per replica: ``GPU`` is a whole number of GPUs
     (default 1, also when ``resources`` names only other resources, since every replica holds GPU
-    slots); any other resource is a positive amount. See the module docstring for the limits.
+    slots); any other resource is a positive amount. ``balance`` is the agent's LB-BSP batch
+    balancing (one of ``pollux.contract.BALANCE_MODES``; default ``"off"``), passed to the replicas
+    as ``POLLUX_BALANCE`` when it is not off. See the module docstring for the limits.
     """
 
     entrypoint: str
@@ -221,6 +225,7 @@ class JobSpec:
     max_replicas: int | None = None
     resources: dict[str, float] = field(default_factory=lambda: {"GPU": 1.0})
     preemptible: bool = True
+    balance: str = "off"
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> JobSpec:
@@ -271,9 +276,13 @@ class JobSpec:
         preemptible = data.get("preemptible", True)
         if not isinstance(preemptible, bool):
             raise SpecError("preemptible", f"expected a boolean, got {_show(preemptible)}")
+        balance = data.get("balance")
+        balance = "off" if balance is None else balance
+        if not isinstance(balance, str) or balance not in BALANCE_MODES:
+            raise SpecError("balance", f"expected one of {', '.join(BALANCE_MODES)}, got {_show(balance)}")
         return cls(entrypoint=entry, init_batch_size=init, args=tuple(args), working_dir=working_dir,
                    max_batch_size=max_bsz, local_bsz_bounds=bounds, min_replicas=min_r,
-                   max_replicas=max_r, resources=res, preemptible=preemptible)
+                   max_replicas=max_r, resources=res, preemptible=preemptible, balance=balance)
 
     @classmethod
     def from_stored(cls, text: Any) -> tuple[JobSpec, str | None]:

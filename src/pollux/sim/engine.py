@@ -26,19 +26,29 @@ from pollux.goodput.records import ThroughputParams
 from pollux.policy.base import Cluster, JobView, Oracle, Policy, fixed_shape, to_matrix
 from pollux.policy.placement import packed_shape
 from pollux.policy.registry import ADAPTIVE, ELASTIC, RIGID, JobKind, policy_info
+from pollux.sim.balance import balanced_compute_time, check_node_speed
 from pollux.sim.profiles import AppProfile
 from pollux.sim.workload import WorkloadJob
 
-__all__ = ["ADAPTIVE", "ELASTIC", "RIGID", "JobResult", "SimConfig", "SimJob", "SimResult",
+__all__ = ["ADAPTIVE", "BALANCE_SUFFIX", "ELASTIC", "RIGID", "JobResult", "SimConfig", "SimJob", "SimResult",
            "fixed_batch_config", "log_progress", "simulate"]
 
 #: GPUs per node of the machines the profiles were measured on (the oracle's packed placements).
 PROFILE_GPUS_PER_NODE = 4
+#: Suffix of a run's policy label when its jobs balance their local batches (LB-BSP).
+BALANCE_SUFFIX = "+lbbsp"
+#: A re-measured configuration whose step time moved by more than this fraction is refit.
+REMEASURE_TOLERANCE = 0.01
 
 
 @dataclass(frozen=True)
 class SimConfig:
-    """Simulation settings. ``interference`` slows distributed jobs that share a node by that fraction."""
+    """Simulation settings. ``interference`` slows distributed jobs that share a node by that fraction.
+
+    ``node_speed`` gives node ``i`` the speed factor ``node_speed[i]`` in (0, 1] (nodes past its end
+    run at 1); ``balance`` makes every job split its batch into LB-BSP shares (see
+    :mod:`pollux.sim.balance`). With every node at 1 both change nothing.
+    """
 
     interval: float = 60.0
     restart_delay: float = 30.0
@@ -48,14 +58,23 @@ class SimConfig:
     max_replicas: int = 64
     seed: int = 0
     max_time: float = 60 * 86400.0
+    node_speed: tuple[float, ...] = ()
+    balance: bool = False
 
     def __post_init__(self) -> None:
+        check_node_speed(self.node_speed, self.num_nodes)
         if not self.interval > 0:
             raise ValueError(f"interval: must be > 0, got {self.interval}")
         if not 0 <= self.interference < 1:
             raise ValueError(f"interference: must be in [0, 1), got {self.interference}")
         if self.restart_delay < 0:
             raise ValueError(f"restart_delay: must be >= 0, got {self.restart_delay}")
+
+    def speeds(self) -> np.ndarray:
+        """Speed factor of every node (``num_nodes`` values; 1 past the end of ``node_speed``)."""
+        out = np.ones(self.num_nodes, dtype=np.float64)
+        out[:len(self.node_speed)] = self.node_speed
+        return out
 
 
 @dataclass
@@ -110,6 +129,11 @@ class SimJob:
         self.meta = profile.meta
         self.kind = kind
         self.row = np.zeros(num_nodes, dtype=np.int64)
+        self.speeds = config.speeds()[:num_nodes]
+        self.balance = config.balance
+        # Configurations last measured on a slow node: re-measured (and refit) when the speed changes.
+        self._slowed: set[tuple[int, int, int]] = set()
+        self._step_cache: dict[tuple[bytes, int], tuple[float, float, bool]] = {}
         self.started = False
         self.restarts = 0
         self.delay_left = 0.0
@@ -221,11 +245,24 @@ class SimJob:
         if not self.batch_sizes or self.batch_sizes[-1] != self.batch:
             self.batch_sizes.append(self.batch)
 
-    def observe(self, step: float, sync: float) -> None:
-        """Record the configuration just run; refit when it is new (what a live agent reports)."""
+    def observe(self, step: float, sync: float, slowed: bool = False) -> None:
+        """Record the configuration just run; refit when it is new (what a live agent reports).
+
+        A configuration already recorded is kept as it was, unless it ran on a slow node then or now
+        and its step time moved by more than 1 %: a live agent measures its current speed, so the
+        policy must see a job leave (or reach) a slow node.
+        """
         key = (self.nodes, self.replicas, self.local_bsz)
-        if key in self.records or self.kind != ADAPTIVE:
+        if self.kind != ADAPTIVE:
             return
+        old = self.records.get(key)
+        if old is not None and (not (slowed or key in self._slowed)
+                                or abs(step - old[0]) <= REMEASURE_TOLERANCE * old[0]):
+            return
+        if slowed:
+            self._slowed.add(key)
+        else:
+            self._slowed.discard(key)
         self.records[key] = (step, step - sync)
         keys = np.array(list(self.records), dtype=np.float64)
         vals = np.array(list(self.records.values()), dtype=np.float64)
@@ -263,11 +300,11 @@ class SimJob:
         epoch_ends = self.profile.epoch_ends
         m0 = self.meta.init_batch_size
         while left > 1e-9:
-            step, sync = self.profile.step_time(self.row, self.local_bsz)
+            step, sync, slowed = self.step_time()
             if not math.isfinite(step):
                 self._infeasible(r)
                 return
-            self.observe(step, sync)
+            self.observe(step, sync, slowed)
             t_iter = (step + self.accum * (step - sync)) / (1.0 - slowdown)
             stats = self.profile.grad_stats(self.epoch, self.batch)
             rate_iter = 1.0 / t_iter
@@ -287,6 +324,35 @@ class SimJob:
                 self.progress += rate * left
                 self.iterations += left * rate_iter
                 left = 0.0
+
+    def step_time(self) -> tuple[float, float, bool]:
+        """(step, sync, slowed) of the current placement and local batch on this job's nodes.
+
+        The profile's step time, with the compute part (``step − sync``) slowed by the nodes' speed
+        factors: the slowest replica's without balancing, the balanced shares' with it
+        (:func:`pollux.sim.balance.balanced_compute_time`). ``slowed`` says a slow node was involved.
+        """
+        step, sync = self.profile.step_time(self.row, self.local_bsz)
+        speeds = self.speeds[self.row > 0]
+        if not math.isfinite(step) or speeds.size == 0 or float(speeds.min()) >= 1.0:
+            return step, sync, False
+        key = (self.row.tobytes(), self.local_bsz)
+        hit = self._step_cache.get(key)
+        if hit is not None:
+            return hit
+        per_replica = np.repeat(speeds, self.row[self.row > 0])
+        compute = step - sync
+        m = float(self.local_bsz)
+        if self.balance and per_replica.size > 1:
+            half_step, half_sync = self.profile.step_time(self.row, m / 2)
+            lo, hi = self.limits.min_local_bsz, self.limits.max_local_bsz
+            compute = balanced_compute_time(per_replica, compute, half_step - half_sync, m,
+                                            float(lo or 1), float(hi or m))
+        else:
+            compute = compute / float(per_replica.min())
+        out = (sync + compute, sync, True)
+        self._step_cache[key] = out
+        return out
 
     def _infeasible(self, replicas: int) -> None:
         """The profile cannot run this configuration: the job makes no progress this interval.
@@ -373,7 +439,8 @@ def simulate(
                      f"  active {len(active)}  gpus {gpus}")
             next_report = now + 3600.0
     results = _job_results(jobs, timeline)
-    return SimResult(policy.name, workload_name, config.seed, config, results, timeline,
+    label = policy.name + (BALANCE_SUFFIX if config.balance else "")
+    return SimResult(label, workload_name, config.seed, config, results, timeline,
                      time.perf_counter() - started, decide_time, rounds)
 
 
