@@ -89,6 +89,45 @@ def estimate_from_norms(
     return sqr, var
 
 
+def estimate_unequal(
+    local_sqr_mean: ArrayLike,
+    inv_size_mean: ArrayLike,
+    total_sqr: ArrayLike,
+    batch_size: ArrayLike,
+    init_batch_size: ArrayLike,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Unbiased (sqr, var) from n micro-batch gradients of UNEQUAL sizes b_i (LB-BSP shares).
+
+    ``local_sqr_mean = (1/n)·Σ|Pĝ_i|²`` (ĝ_i the mean gradient of micro-batch i),
+    ``inv_size_mean = h = (1/n)·Σ 1/b_i``, ``total_sqr = |Pĝ|²`` for the size-weighted mean
+    ``ĝ = Σ b_i ĝ_i / B`` (the gradient the weighted all-reduce applies) and ``batch_size = B = Σ b_i``.
+
+    Derivation, with ``T = tr(PΣPᵀ)`` the per-example noise: ĝ_i averages b_i independent examples,
+    so ``E|Pĝ_i|² = |Pg|² + T/b_i`` and ``E[local_sqr_mean] = |Pg|² + T·h``; ĝ averages all B, so
+    ``E[total_sqr] = |Pg|² + T/B``. Subtracting: ``T̂ = (local − total)/(h − 1/B)``, then
+    ``sqr = total − T̂/B`` and ``var = T̂/M0``. Both are linear in the two norms, hence unbiased.
+    With equal sizes (b_i = B/n, h = n/B) this is exactly :func:`estimate_from_norms`.
+    By the AM–HM inequality ``h ≥ n/B``, so ``h − 1/B ≥ (n−1)/B``: positive iff n ≥ 2.
+    """
+    def _positive(name: str, value: ArrayLike) -> np.ndarray:
+        arr = np.asarray(value, dtype=np.float64)
+        if not np.all(np.isfinite(arr)) or np.any(arr <= 0):
+            raise ValueError(f"{name}: must be finite and positive, got {value!r}")
+        return arr
+
+    inv = _positive("inv_size_mean", inv_size_mean)
+    big_b = _positive("batch_size", batch_size)
+    m0 = _positive("init_batch_size", init_batch_size)
+    local = np.asarray(local_sqr_mean, dtype=np.float64)
+    total = np.asarray(total_sqr, dtype=np.float64)
+    denom = inv - 1.0 / big_b
+    if np.any(denom <= 0):
+        raise ValueError(f"inv_size_mean: {inv_size_mean!r} must exceed 1/batch_size "
+                         "(need at least 2 micro-batches whose sizes sum to batch_size)")
+    noise = (local - total) / denom
+    return total - noise / big_b, noise / m0
+
+
 def estimate_differenced(
     prev_sqr: float, cur_sqr: float, mean_sqr: float, scale: float
 ) -> tuple[float, float]:
