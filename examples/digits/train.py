@@ -15,6 +15,19 @@ each epoch are summed over all replicas with ``pollux.torch.Accumulator`` (so th
 global batch, not rank 0's share) and survive a restart mid-epoch. Rank 0 ends by printing one JSON
 line on stdout: test accuracy, the distinct global batch sizes used in order, epochs, progress,
 replicas, the last epoch's training loss and accuracy, the examples trained on, and more.
+
+Unequal batches (LB-BSP, docs/agent.md): ``--balance auto`` sizes each replica's share of the batch so
+that all finish their compute together; the shares are logged (``batch shares ... -> ...`` and
+``balance {JSON}`` lines) and printed at the end. To see it work, slow one replica down:
+``--slow-rank 1 --slow-factor 2`` makes rank 1 sleep, between forward and backward, (F−1)× its own
+compute time for the batch it holds, estimated as 3× its forward pass of that batch (a backward pass
+costs about twice a forward one; the backward's own time would include the wait for the all-reduce),
+so that it runs at about 1/F speed. The delay busy-waits, as a slower device would be busy: a sleep of
+a millisecond can oversleep by several on a loaded machine::
+
+    .venv/bin/torchrun --nproc_per_node=2 examples/digits/train.py --slow-rank 1 --slow-factor 2
+    .venv/bin/torchrun --nproc_per_node=2 examples/digits/train.py --slow-rank 1 --slow-factor 2 \
+        --balance auto
 """
 
 from __future__ import annotations
@@ -143,6 +156,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--threads", type=int, default=1, help="torch.set_num_threads (default 1)")
     p.add_argument("--fixed", action="store_true",
                    help="keep the batch at --batch-size (a fixed-batch baseline: no autoscale_batch_size)")
+    p.add_argument("--balance", choices=("auto", "gpu", "cpu", "off"), default=None,
+                   help="LB-BSP batch balancing across replicas (default: $POLLUX_BALANCE, else off)")
+    p.add_argument("--slow-rank", type=int, default=None, metavar="R",
+                   help="slow replica R down by --slow-factor (an injected delay, to demonstrate --balance)")
+    p.add_argument("--slow-factor", type=float, default=2.0, metavar="F",
+                   help="replica --slow-rank runs at 1/F speed (default 2)")
     p.add_argument("--json-epochs", action="store_true",
                    help='also print one JSON line per epoch on stdout ({"event": "epoch", ...}, rank 0)')
     return p.parse_args(argv)
@@ -169,6 +188,9 @@ def main(argv: list[str] | None = None) -> int:
     loader = ptorch.AdaptiveDataLoader(train_set, batch_size=args.batch_size, shuffle=True, seed=args.seed)
     if not args.fixed:
         loader.autoscale_batch_size(args.max_batch_size, local_bsz_bounds=tuple(args.local_bsz_bounds))
+    if args.balance is not None:
+        loader.balance_batches(args.balance)
+    slow = args.slow_rank == rank and args.slow_factor > 1.0
     history = History()
     if ptorch.register_state("digits_history", history) and rank == 0:
         log.info("resumed at epoch %d (run %d of this job), batch sizes so far %s",
@@ -183,8 +205,14 @@ def main(argv: list[str] | None = None) -> int:
         for x, y in loader:
             history.note_batch_size(loader.current_batch_size)
             optimizer.zero_grad()
+            t0 = time.perf_counter()
             logits = model(x)
             loss = F.cross_entropy(logits, y)
+            if slow:                      # (F − 1)× this replica's compute time (≈ 3× its forward)
+                now = time.perf_counter()
+                end = now + (args.slow_factor - 1.0) * 3.0 * (now - t0)
+                while time.perf_counter() < end:
+                    pass
             loss.backward()
             optimizer.step()
             metrics["loss_sum"] += loss.detach() * len(y)     # local adds: no communication
@@ -222,6 +250,8 @@ def main(argv: list[str] | None = None) -> int:
             "train_accuracy": finite_or_none(history.train_accuracy),
             "train_examples": history.train_examples,
             "seconds": time.perf_counter() - start + earlier,
+            "shares": [int(v) for k, v in sorted(model.to_scalars().items())
+                       if k.startswith("balance_share")],
         }), flush=True)
     return 0
 

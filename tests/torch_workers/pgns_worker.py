@@ -5,13 +5,18 @@ w is, so the true gradient is ``−g`` and the covariance ``diag(σ²)``. The we
 optimiser parameter groups. Writes the measured and the true statistics as JSON (rank 0).
 
 Usage: pgns_worker.py OUT.json {sgd,adam} STEPS M0 [ACCUM_LOCAL_BOUND]
+
+PGNS_BALANCE=mode turns LB-BSP balancing on and PGNS_SLOW="r:s" makes rank r sleep s seconds per
+example between forward and backward, so the replicas get unequal shares (the unequal-size estimator).
 """
 
 from __future__ import annotations
 
 import json
 import math
+import os
 import sys
+import time
 
 import torch
 
@@ -67,11 +72,21 @@ def main() -> None:
     loader = ptorch.AdaptiveDataLoader(Examples(steps * m0), batch_size=m0, shuffle=True, seed=5)
     if accum_bound is not None:
         loader.autoscale_batch_size(m0, local_bsz_bounds=(1, accum_bound), gradient_accumulation=True)
+    if os.environ.get("PGNS_BALANCE"):
+        loader.balance_batches(os.environ["PGNS_BALANCE"])
+    slow = dict(item.split(":") for item in os.environ.get("PGNS_SLOW", "").split(",") if item)
+    per_example = float(slow.get(str(torch.distributed.get_rank()), 0.0))
+    unequal_steps = 0
     for _ in ptorch.remaining_epochs_until(1):
         for x in loader:
             optimizer.zero_grad()
-            adp(x).mean().backward()
+            loss = adp(x).mean()
+            if per_example:
+                time.sleep(per_example * len(x))
+            loss.backward()
             optimizer.step()
+            shares = [v for k, v in adp.to_scalars().items() if k.startswith("balance_share")]
+            unequal_steps += len(set(shares)) > 1
     g, sigma = problem()
     if opt_name == "adam":
         p2 = []
@@ -91,7 +106,7 @@ def main() -> None:
                        "true_var": true_var, "true_pgns": true_var * m0 / true_sqr, "steps": adp.steps,
                        "local_bsz": loader.local_bsz, "accum_steps": loader.accumulation_steps,
                        "biased": adp.biased_stats, "replicas": torch.distributed.get_world_size(),
-                       "finite": math.isfinite(adp.pgns)}, f)
+                       "finite": math.isfinite(adp.pgns), "unequal_steps": unequal_steps}, f)
 
 
 if __name__ == "__main__":

@@ -11,6 +11,10 @@ TEST_SIGTERM_AT_STEP/RANK         that rank sends itself SIGTERM after that many
 TEST_STEP_SLEEP                   seconds to sleep in every step (to give a test time to act)
 TEST_AUTOSCALE                    "max,lo,hi,accum" to call autoscale_batch_size
 TEST_OPTIMIZER                    "sgd" (default) or "adam"
+TEST_BALANCE                      call loader.balance_batches(mode) (LB-BSP); each record then holds
+                                  the scalars "balance_share<r>" in "shares"
+TEST_SLOW                         "r:s,r:s": rank r sleeps s seconds per example of its micro-batch
+                                  between forward and backward (an injected, share-proportional delay)
 """
 
 from __future__ import annotations
@@ -63,6 +67,10 @@ def main() -> None:
     scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=1, gamma=0.9)
     adp = ptorch.AdaptiveDataParallel(model, optimizer, scheduler)
     loader = ptorch.AdaptiveDataLoader(Indexed(n), batch_size=m0, shuffle=True, seed=3)
+    if os.environ.get("TEST_BALANCE"):
+        loader.balance_batches(os.environ["TEST_BALANCE"])
+    slow = dict(item.split(":") for item in os.environ.get("TEST_SLOW", "").split(",") if item)
+    per_example = float(slow.get(str(rank), 0.0))
     auto = os.environ.get("TEST_AUTOSCALE")
     if auto:
         mx, lo, hi, acc = auto.split(",")
@@ -75,6 +83,8 @@ def main() -> None:
             before = adp.steps
             optimizer.zero_grad()
             loss = torch.nn.functional.mse_loss(adp(x).squeeze(1), y)
+            if per_example:
+                time.sleep(per_example * len(idx))
             loss.backward()
             optimizer.step()
             pending.extend(idx.tolist())
@@ -84,7 +94,9 @@ def main() -> None:
             # One record per optimiser step; "applied" is False for a step skipped after an OOM.
             visits.write(json.dumps({"epoch": epoch, "step": adp.steps, "idx": pending,
                                      "micro": micro_sizes, "applied": adp.steps > before,
-                                     "replicas": env.num_replicas}) + "\n")
+                                     "replicas": env.num_replicas,
+                                     "shares": [v for k, v in sorted(adp.to_scalars().items())
+                                                if k.startswith("balance_share")]}) + "\n")
             visits.flush()
             pending, micro_sizes = [], []
             if rank == 0:

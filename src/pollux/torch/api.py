@@ -81,6 +81,13 @@ class StepInfo:
     is worth. ``micro`` is the index of the micro-step whose batch the user holds.
     ``micro_sizes`` are this replica's micro-batch sizes; ``probe`` marks a single-replica step split
     in two micro-batches to measure unbiased gradient statistics (same update as the unsplit step).
+    ``shares`` are the replicas' unequal micro-batch sizes (LB-BSP; None: equal local batches): each
+    replica's gradient is then weighted by its share of the batch. ``step_time`` is the compute time
+    this replica measured for the previous step, sent to the others with this step's control packet
+    when balancing is on (None: nothing sent), with ``memory_full`` (device memory above 95 %).
+    ``compute_end`` is when the last gradient bucket of the current micro-step was ready (set by the
+    DDP hook while balancing; the compute time excludes the wait for the other replicas), and
+    ``compute_event`` a CUDA event the hook records then (on CUDA the host reaches the hook early).
     """
 
     sid: int
@@ -100,6 +107,11 @@ class StepInfo:
     finished: bool = False
     micro_sizes: tuple[int, ...] = ()
     probe: bool = False
+    shares: tuple[int, ...] | None = None
+    step_time: float | None = None
+    memory_full: bool = False
+    compute_end: float | None = None
+    compute_event: Any = None
 
     @property
     def final(self) -> bool:
@@ -119,6 +131,9 @@ class SyncOutcome:
     refit: bool = False
     oom: bool = False
     nonfinite: bool = False
+    #: The replicas' compute times of the previous step (seconds, by rank) followed by their
+    #: memory-full flags (1.0: above 95 %), when balancing sent them.
+    step_times: tuple[float, ...] | None = None
 
 
 class ModelWrapper(Protocol):

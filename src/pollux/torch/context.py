@@ -38,6 +38,7 @@ from pollux.torch.env import AgentEnv, read_env
 from pollux.torch.oom import is_oom
 from pollux.torch.profiling import PeriodicFitter, StepProfiler
 from pollux.torch.reporting import HintReporter
+from pollux.torch.shares import BalanceReport
 
 logger = logging.getLogger("pollux.torch")
 
@@ -115,6 +116,9 @@ class AgentContext:
         self.loaders: list[BatchLoader] = []
         self.active_loader: BatchLoader | None = None
         self.step: StepInfo | None = None
+        #: The latest LB-BSP state of the loader being iterated (None: balancing off), which the
+        #: wrapper's ``to_scalars()`` shows.
+        self.balance_report: BalanceReport | None = None
         self._next_sid = 0
         self.sigterm_requested = False
         self._prev_sigterm_handler: Any = None

@@ -37,6 +37,7 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader, Dataset, IterableDataset
 
+from pollux.contract import ENV_BALANCE
 from pollux.goodput import BatchLimits
 from pollux.hints import build_hints
 from pollux.torch import decisions
@@ -44,15 +45,14 @@ from pollux.torch.api import BatchConfig, StepInfo
 from pollux.torch.context import AgentContext, get_context
 from pollux.torch.decisions import DecisionRecord
 from pollux.torch.loader_state import LoaderCheckpoint
-from pollux.torch.microbatch import PlanBatchSampler, split_batch
+from pollux.torch.microbatch import PlanBatchSampler, probe_due, record_times, split_batch
 from pollux.torch.sampler import ElasticSampler
+from pollux.torch.shares import LoaderBalance, StepTimer, env_mode, memory_full
 
 logger = logging.getLogger("pollux.torch")
 
 #: After an out-of-memory error the upper local batch bound becomes ``floor(m × OOM_BACKOFF)``.
 OOM_BACKOFF = 0.75
-#: After the first ``2 × MIN_UNBIASED`` unbiased estimates, one single-replica step in this many is a probe.
-PROBE_EVERY = 4
 _REJECTED_KWARGS = ("sampler", "batch_sampler", "drop_last", "batch_size")
 
 
@@ -97,6 +97,7 @@ class AdaptiveDataLoader:
         self._it: Any = None
         self._it_next = -1
         self._it_cfg: BatchConfig | None = None
+        self._it_shares: tuple[int, ...] | None = None
         self._warned_forced_accum = False
         self._last_decision: DecisionRecord | None = None
         self._probe_shapes: set[int] = set()
@@ -106,6 +107,10 @@ class AdaptiveDataLoader:
         self._index = len(ctx.loaders)
         ctx.loaders.append(self)
         ctx.registry.register(f"pollux_loader{self._index}", self)
+        self._balance = LoaderBalance(cuda=ctx.collective_device().type == "cuda")
+        self._balance_registered = False
+        if env_mode() is not None:
+            self._set_balance(env_mode(), ENV_BALANCE)
         noted = ctx.oom_note()      # a previous run died of an out-of-memory error
         if noted is not None:
             self._oom_max_local = noted if self._oom_max_local is None else min(self._oom_max_local, noted)
@@ -137,6 +142,22 @@ class AdaptiveDataLoader:
         self._min_local = int(lo) if lo is not None else 1
         self._user_max_local = int(hi) if hi is not None else None
         self._accumulation = bool(gradient_accumulation)
+
+    def balance_batches(self, mode: str | None = "auto") -> None:
+        """Unequal per-replica batches (LB-BSP): each replica's share of every micro-step is sized at
+        iteration boundaries so that all finish their compute together; the global batch is unchanged.
+
+        ``mode``: "auto" (the GPU algorithm on CUDA, else the CPU one), "gpu", "cpu", or "off"/None.
+        Without this call the mode comes from ``POLLUX_BALANCE`` (default off). See docs/agent.md.
+        """
+        self._set_balance(mode, "balance")
+
+    def _set_balance(self, mode: str | None, name: str) -> None:
+        self._balance.set_mode(mode, name=name)
+        self._it = None
+        if self._balance.enabled and not self._balance_registered:
+            self._balance_registered = True
+            self._ctx.registry.register(f"pollux_balance{self._index}", self._balance)
 
     # ---------------------------------------------------------------- checkpoint
 
@@ -413,6 +434,7 @@ class AdaptiveDataLoader:
             max(ctx.profiler.max_replicas_seen, ctx.replicas),
             adp.progress if adp is not None else 0.0,
             ctx.epoch_state.epoch,
+            balance=None if self._balance.report is None else self._balance.report.as_hints(),
         )
 
     def _report_hints(self, ctx: AgentContext) -> None:
@@ -440,11 +462,12 @@ class AdaptiveDataLoader:
 
     # ---------------------------------------------------------------- iteration
 
-    def _data_iter(self, start: int, cfg: BatchConfig, rank: int) -> Any:
-        if self._it is None or self._it_next != start or self._it_cfg != cfg:
-            self._batch_sampler.start_at(start, rank, cfg)
+    def _data_iter(self, start: int, cfg: BatchConfig, rank: int,
+                   shares: tuple[int, ...] | None = None) -> Any:
+        if self._it is None or self._it_next != start or self._it_cfg != cfg or self._it_shares != shares:
+            self._batch_sampler.start_at(start, rank, cfg, shares)
             self._it = iter(self._dataloader)
-            self._it_cfg = cfg
+            self._it_cfg, self._it_shares = cfg, shares
         return self._it
 
     def _sync_device(self) -> None:
@@ -453,31 +476,12 @@ class AdaptiveDataLoader:
 
     def _probe_due(self, ctx: AgentContext, plan: Any, cfg: BatchConfig) -> bool:
         """Whether this single-replica step is split in two to measure unbiased statistics."""
-        adp = ctx.adp
-        assert adp is not None
-        if (not self.adaptive or cfg.replicas != 1 or cfg.accum_steps != 0 or not plan.full
-                or plan.micro_steps != 1):
-            return False
-        if len(plan.micro_batches[0]) < 2:
-            return False
-        if adp.unbiased_updates < 2 * decisions.MIN_UNBIASED:
-            return True
-        return adp.steps % PROBE_EVERY == 0
+        assert ctx.adp is not None
+        return probe_due(self.adaptive, ctx.adp.unbiased_updates, ctx.adp.steps, plan, cfg)
 
     def _record_times(self, ctx: AgentContext, info: StepInfo, cfg: BatchConfig,
                       times: list[float]) -> None:
-        if not info.probe:
-            accum = sum(times[:-1]) / (len(times) - 1) if len(times) > 1 else None
-            ctx.profiler.record(ctx.nodes, cfg.replicas, cfg.local_bsz, accum, times[-1],
-                                accum_steps=cfg.accum_steps)
-            return
-        half = info.micro_sizes[0]
-        if len(set(info.micro_sizes)) != 1 or len(times) != 2:
-            return
-        if half not in self._probe_shapes:      # the first probe of a shape warms it up
-            self._probe_shapes.add(half)
-            return
-        ctx.profiler.record(ctx.nodes, cfg.replicas, half, times[0], times[1], side=True)
+        record_times(ctx.profiler, ctx.nodes, info, cfg, times, self._probe_shapes)
 
     def __iter__(self) -> Iterator[Any]:
         ctx = get_context()
@@ -506,8 +510,10 @@ class AdaptiveDataLoader:
             cfg = self._config
             assert cfg is not None
             k, m = cfg.replicas, cfg.local_bsz
-            plan = self.sampler.plan(self.sampler.position, k, rank, m, cfg.accum_steps)
-            it = self._data_iter(plan.start, cfg, rank)
+            bal = self._balance.active(k)
+            shares = self._balance.shares_for(cfg, self.min_local_bsz, self.max_local_bsz) if bal else None
+            plan = self.sampler.plan(self.sampler.position, k, rank, m, cfg.accum_steps, shares)
+            it = self._data_iter(plan.start, cfg, rank, shares)
             batches: list[Any] | None = None
             sizes = plan.local_sizes
             probe = self._probe_due(ctx, plan, cfg)
@@ -522,7 +528,11 @@ class AdaptiveDataLoader:
             micro_steps = len(batches) if batches is not None else plan.micro_steps
             info = StepInfo(sid=ctx.new_sid(), replicas=k, micro_steps=micro_steps, local_bsz=m,
                             scale=plan.samples / m0, nominal_scale=plan.batch_size / m0,
-                            fraction=plan.fraction, full=plan.full, micro_sizes=tuple(sizes), probe=probe)
+                            fraction=plan.fraction, full=plan.full, micro_sizes=tuple(sizes), probe=probe,
+                            shares=plan.shares, step_time=self._balance.outgoing_time(k))
+            timer = StepTimer(self._balance.cuda) if bal else None
+            if bal:
+                info.memory_full = memory_full(torch.cuda.current_device() if self._balance.cuda else None)
             ctx.begin_step(info)
             if adp.progress + adp.expected_progress(info) >= target - tol:
                 ctx.fault_point("epoch_end")
@@ -534,6 +544,8 @@ class AdaptiveDataLoader:
                     info.micro = j
                     ctx.fault_point("step")
                     t0 = time.perf_counter()
+                    if timer is not None:
+                        timer.start(info)
                     if j < micro_steps - 1:
                         with adp.no_sync():
                             yield batch
@@ -541,6 +553,8 @@ class AdaptiveDataLoader:
                         yield batch
                     self._sync_device()
                     times.append(time.perf_counter() - t0)
+                    if timer is not None:
+                        timer.stop(info, j == micro_steps - 1)
                 completed = True
             finally:
                 if not completed:     # the user left mid-step: the step is redone next time
@@ -556,8 +570,13 @@ class AdaptiveDataLoader:
                 self.sampler.position = plan.start + plan.advance
                 if plan.full and info.stepped:
                     self._record_times(ctx, info, cfg, times)
-            if outcome.oom:
-                self._handle_oom(ctx, m)
+            if timer is not None:
+                used = (plan.shares or (m,) * k) if plan.full and info.stepped and not outcome.oom else None
+                self._balance.after_step(cfg, used, timer.total, outcome.step_times, self.min_local_bsz,
+                                         self.max_local_bsz, rank, adp.progress)
+                ctx.balance_report = self._balance.report
+            if outcome.oom:                # with unequal shares the largest one ran out of memory
+                self._handle_oom(ctx, max(plan.shares) if plan.shares else m)
             if outcome.sigterm and ctx.registry.enabled:
                 if adp.progress >= target - tol:
                     # The epoch's last step: preempt once the epoch has ended (its end-of-epoch code

@@ -27,51 +27,16 @@ from pollux.goodput import (
     estimate_differenced,
     estimate_from_norms,
 )
-from pollux.goodput.efficiency import EMA_DECAY
+from pollux.goodput.efficiency import estimate_unequal
 from pollux.torch.api import StepInfo, SyncOutcome
 from pollux.torch.decisions import Evidence
+from pollux.torch.moments import Moments
 
 if TYPE_CHECKING:
     from pollux.torch.context import AgentContext
 
 #: The Adam pre-conditioner is used once the optimiser has taken this many steps (SPEC §2).
 PRECOND_MIN_STEPS = 5
-
-
-@dataclass(slots=True)
-class _Moments:
-    """Weighted moments of the per-step (sqr, var) estimates, with the smoother's weights.
-
-    Each estimate enters with weight ``1 − d`` (``d = 0.999 ** S``) and older ones decay by ``d``, as
-    in ``GradNoiseState``; so ``s1 / w`` is the smoothed value and the standard error of that
-    weighted mean is ``sqrt(variance / n_eff)`` with ``n_eff = w² / w2``.
-    """
-
-    w: float = 0.0
-    w2: float = 0.0
-    s1: tuple[float, float] = (0.0, 0.0)
-    s2: tuple[float, float] = (0.0, 0.0)
-
-    def update(self, x: tuple[float, float], scale: float) -> None:
-        d = EMA_DECAY ** max(scale, 1e-12)
-        a = 1.0 - d
-        self.w = d * self.w + a
-        self.w2 = d * d * self.w2 + a * a
-        self.s1 = (d * self.s1[0] + a * x[0], d * self.s1[1] + a * x[1])
-        self.s2 = (d * self.s2[0] + a * x[0] ** 2, d * self.s2[1] + a * x[1] ** 2)
-
-    def standard_errors(self) -> tuple[float, float]:
-        if self.w <= 0.0 or self.w2 <= 0.0:
-            return math.inf, math.inf
-        n_eff = self.w * self.w / self.w2
-        if n_eff < 2.0:
-            return math.inf, math.inf
-        out = []
-        for s1, s2 in zip(self.s1, self.s2, strict=True):
-            mean = s1 / self.w
-            variance = max(s2 / self.w - mean * mean, 0.0) * n_eff / (n_eff - 1.0)
-            out.append(math.sqrt(variance / n_eff))
-        return out[0], out[1]
 
 
 def _adam_like(optimizer: torch.optim.Optimizer) -> bool:
@@ -120,6 +85,8 @@ class _Pending:
     prev: list[float] | None
     mean: list[float] | None
     diff_valid: bool
+    inv_size_mean: float | None = None
+    init_batch: float = 1.0
 
 
 class GradTracker:
@@ -144,7 +111,7 @@ class GradTracker:
         self.measured = [False] * self.num_groups
         self.updates = 0
         self.unbiased_updates = 0
-        self.moments = _Moments()
+        self.moments = Moments()
         self.micro_weights: tuple[float, ...] | None = None
         self.sent_progress = 0.0
         self.adam = _adam_like(optimizer)
@@ -160,6 +127,13 @@ class GradTracker:
         self.step: StepInfo | None = None
         self.mode = "off"
         self.divisor = 1.0
+        #: (1/K)·Σ 1/x_r of the step's unequal shares (None: equal micro-batches).
+        self.inv_size_mean: float | None = None
+        #: This replica's compute time of the previous step, sent in the packet (None: balancing off).
+        self.send_times: float | None = None
+        self.send_memory_full = False
+        self.rank = dist.get_rank(process_group) if dist.is_initialized() else 0
+        self.world = dist.get_world_size(process_group) if dist.is_initialized() else 1
         self.local_acc = torch.zeros(self.num_groups, dtype=torch.float64, device=device)
         self.local_prev = torch.zeros(self.num_groups, dtype=torch.float64, device=device)
         self.prev_marker = 0.0
@@ -198,6 +172,14 @@ class GradTracker:
             mode = "diff"
         self.mode = mode
         self.divisor = float(info.replicas * info.micro_steps)
+        self.inv_size_mean = None
+        if info.shares is not None:
+            # LB-BSP: replica r's mean gradient counts x_r/Σx (not 1/K), so the reduced gradient is
+            # the mean over the whole batch; its micro-batches have unequal sizes across replicas.
+            shares = info.shares
+            self.divisor = float(sum(shares) * info.micro_steps) / float(shares[self.rank])
+            self.inv_size_mean = sum(1.0 / x for x in shares) / len(shares)
+        self.send_times, self.send_memory_full = info.step_time, info.memory_full
         # Micro-batches of unequal size (a probe step splitting an odd local batch) are weighted so
         # that the accumulated gradient is still the mean over the whole batch.
         sizes = info.micro_sizes
@@ -427,7 +409,14 @@ class GradTracker:
     def packet(self, flags: list[float]) -> torch.Tensor:
         self.sent_progress = float(self.ctx.adp.progress) if self.ctx is not None and self.ctx.adp else 0.0
         head = torch.tensor([*flags, self.prev_marker, self.sent_progress], dtype=torch.float64)
-        return torch.cat([head.to(self.local_prev.device, non_blocking=True), self.local_prev])
+        parts = [head.to(self.local_prev.device, non_blocking=True), self.local_prev]
+        if self.send_times is not None:
+            # Balancing: each replica fills its own slot, so the sum is the gather of compute times.
+            times = torch.zeros(2 * self.world, dtype=torch.float64)
+            times[self.rank] = float(self.send_times)
+            times[self.world + self.rank] = 1.0 if self.send_memory_full else 0.0
+            parts.append(times.to(self.local_prev.device, non_blocking=True))
+        return torch.cat(parts)
 
     def receive(self, sid: int, values: torch.Tensor) -> None:
         self.received = (sid, values.to(torch.float64, copy=True))
@@ -466,6 +455,9 @@ class GradTracker:
             outcome.refit = vals[1] > 0.5
             outcome.oom = vals[2] > 0.5
             self._check_progress(vals[4] / max(info.replicas, 1))
+            first = self.PACKET_FLAGS + self.num_groups
+            if info.step_time is not None and len(vals) >= first + 2 * self.world:
+                outcome.step_times = tuple(float(v) for v in vals[first:first + 2 * self.world])
         # Statistics of the previous step: its local norms arrived with this step's packet.
         previous, self.awaiting = self.awaiting, None
         if previous is not None and vals is not None and vals[3] > previous.replicas - 0.5:
@@ -531,7 +523,9 @@ class GradTracker:
         inv = 1.0 / (info.scaler_scale * info.scaler_scale)
         return _Pending(sid=info.sid, mode=self.mode, scale=info.nominal_scale, replicas=info.replicas,
                         micro_steps=info.micro_steps, inv=inv, total=total, prev=prev, mean=mean,
-                        diff_valid=diff_valid)
+                        diff_valid=diff_valid, inv_size_mean=self.inv_size_mean,
+                        init_batch=(sum(info.shares) * info.micro_steps / info.nominal_scale
+                                    if info.shares else 1.0))
 
     def _finalize(self, rec: _Pending, local: list[float] | None) -> None:
         """Turn one step's norms into (sqr, var) estimates and smooth them per parameter group."""
@@ -554,7 +548,13 @@ class GradTracker:
         sum_sqr = sum_var = 0.0
         for gi in range(self.num_groups):
             if self.measured[gi]:
-                sqr, var = estimate_from_norms(local[gi] / n * inv, rec.total[gi] * inv, n, scale)
+                if rec.inv_size_mean is None:
+                    sqr, var = estimate_from_norms(local[gi] / n * inv, rec.total[gi] * inv, n, scale)
+                else:       # unequal shares (LB-BSP): the size-weighted estimator
+                    u_sqr, u_var = estimate_unequal(local[gi] / n * inv, rec.inv_size_mean,
+                                                    rec.total[gi] * inv, rec.init_batch * scale,
+                                                    rec.init_batch)
+                    sqr, var = float(u_sqr), float(u_var)
                 self.states[gi] = self.states[gi].update(sqr, var, scale)
                 sum_sqr += sqr
                 sum_var += var
@@ -587,4 +587,4 @@ class GradTracker:
         self.updates = int(state.get("updates", 0))
         self.unbiased_updates = int(state.get("unbiased_updates", 0))
         mom = [float(v) for v in state.get("moments", [0.0] * 6)]
-        self.moments = _Moments(mom[0], mom[1], (mom[2], mom[3]), (mom[4], mom[5]))
+        self.moments = Moments(mom[0], mom[1], (mom[2], mom[3]), (mom[4], mom[5]))

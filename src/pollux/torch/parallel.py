@@ -108,9 +108,13 @@ def _pollux_comm_hook(tracker, bucket):  # unannotated: DDP checks the annotatio
     flags and the previous step's local norms, appended to a reused copy of it (that bucket is
     small: DDP caps it at about 1 MiB).
     """
+    info = tracker.step
+    if info is not None and info.step_time is not None:
+        info.compute_end = time.perf_counter()     # balancing: this replica's gradients are ready
+        if info.compute_event is not None:         # CUDA: when they are ready on the device
+            info.compute_event.record()
     buf = bucket.buffer()
     lay = tracker.layout(bucket)
-    info = tracker.step
     sid = info.sid if info is not None else -1
     mode = tracker.mode
     if mode == "bucket":
@@ -505,4 +509,6 @@ class AdaptiveDataParallel(DistributedDataParallel):
             out.update({"batch_size": float(loader.current_batch_size),
                         "local_bsz": float(loader.local_bsz),
                         "accum_steps": float(loader.accumulation_steps)})
+        if self._ctx.balance_report is not None:      # LB-BSP: shares and compute times per rank
+            out.update(self._ctx.balance_report.scalars())
         return out

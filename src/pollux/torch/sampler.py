@@ -9,6 +9,12 @@ equal local batches the average of the replicas' mean gradients is the mean grad
 chunk, whatever K is. Everything is a pure function of the global sample index, so a job restarted
 with another replica count resumes exactly where it stopped.
 
+Unequal shares (LB-BSP, :mod:`pollux.torch.shares`): when the replicas' micro-batches differ in size
+(``shares = (x_0, …, x_{K−1})`` with ``Σ x_r = K·m``), replica ``r`` takes the *contiguous* positions
+``[x_0 + … + x_{r−1}, x_0 + … + x_r)`` of each chunk instead. This is again a pure function of the
+position and the shares, so every position of a full step is trained exactly once whatever the
+shares were, and the state stays the global sample index alone. Equal shares use the strided rule.
+
 Pass boundaries: a step never straddles two passes. Where fewer than M positions are left in a pass,
 the step takes them all (a *tail* step, with as many micro-steps as needed and equal local batches
 across replicas); the ``< K`` positions that cannot be shared equally are skipped, and a full step that
@@ -35,7 +41,8 @@ class StepPlan:
     dataset indices per micro-step, all replicas having equal local batches within a micro-step.
     ``samples`` is the number of examples trained on by all replicas together. ``full`` is True for a
     regular step at the configured batch (the only steps whose gradient statistics are measured).
-    ``fraction = advance / M`` weighs the step's progress.
+    ``fraction = advance / M`` weighs the step's progress. ``shares`` are the replicas' unequal
+    micro-batch sizes when the step used them (None: equal local batches).
     """
 
     start: int
@@ -46,6 +53,7 @@ class StepPlan:
     batch_size: int
     micro_batches: tuple[tuple[int, ...], ...]
     full: bool
+    shares: tuple[int, ...] | None = None
 
     @property
     def micro_steps(self) -> int:
@@ -58,6 +66,14 @@ class StepPlan:
     @property
     def fraction(self) -> float:
         return self.advance / self.batch_size
+
+
+def check_shares(shares: tuple[int, ...], replicas: int, local_bsz: int) -> None:
+    """``shares`` must be ``replicas`` positive integers summing to ``replicas × local_bsz``."""
+    if (len(shares) != replicas or any(isinstance(x, bool) or int(x) != x or x < 1 for x in shares)
+            or sum(int(x) for x in shares) != replicas * local_bsz):
+        raise ValueError(f"shares: expected {replicas} positive integers summing to "
+                         f"{replicas * local_bsz} (replicas x local batch), got {tuple(shares)!r}")
 
 
 class ElasticSampler:
@@ -99,12 +115,21 @@ class ElasticSampler:
 
     # ---------------------------------------------------------------- step plans
 
-    def plan(self, position: int, replicas: int, rank: int, local_bsz: int, accum_steps: int = 0) -> StepPlan:
-        """The step that starts at global sample index ``position`` (see the module docstring)."""
+    def plan(self, position: int, replicas: int, rank: int, local_bsz: int, accum_steps: int = 0,
+             shares: tuple[int, ...] | None = None) -> StepPlan:
+        """The step that starts at global sample index ``position`` (see the module docstring).
+
+        ``shares`` (optional) are the replicas' micro-batch sizes of a full step, summing to
+        ``replicas × local_bsz``; tail steps ignore them (equal local batches).
+        """
         k, m, s = int(replicas), int(local_bsz), int(accum_steps)
         if k < 1 or not 0 <= rank < k or m < 1 or s < 0:
             raise ValueError(f"invalid step configuration: replicas={replicas}, rank={rank}, "
                              f"local_bsz={local_bsz}, accum_steps={accum_steps}")
+        if shares is not None:
+            check_shares(shares, k, m)
+            if len(set(shares)) == 1:
+                shares = None
         n = self.dataset_len
         if n < k:
             raise ValueError(f"the dataset has {n} examples, fewer than the {k} replicas")
@@ -130,19 +155,26 @@ class ElasticSampler:
             full = False
         micro = []
         chunk_start = 0
-        for size in sizes:
-            pos = chunk_start + rank + k * np.arange(size, dtype=np.int64)
-            micro.append(tuple(self.indices(start, pos).tolist()))
-            chunk_start += k * size
+        if full and shares is not None:
+            offset = int(sum(shares[:rank]))
+            for _ in sizes:
+                pos = chunk_start + offset + np.arange(shares[rank], dtype=np.int64)
+                micro.append(tuple(self.indices(start, pos).tolist()))
+                chunk_start += k * m
+        else:
+            for size in sizes:
+                pos = chunk_start + rank + k * np.arange(size, dtype=np.int64)
+                micro.append(tuple(self.indices(start, pos).tolist()))
+                chunk_start += k * size
         return StepPlan(start=int(position), advance=int(advance + skipped), samples=int(chunk_start),
                         replicas=k, rank=int(rank), batch_size=batch, micro_batches=tuple(micro),
-                        full=full)
+                        full=full, shares=tuple(int(x) for x in shares) if full and shares else None)
 
     def iter_plans(self, position: int, replicas: int, rank: int, local_bsz: int,
-                   accum_steps: int = 0) -> Iterator[StepPlan]:
+                   accum_steps: int = 0, shares: tuple[int, ...] | None = None) -> Iterator[StepPlan]:
         """Successive step plans from ``position`` on (endless)."""
         while True:
-            plan = self.plan(position, replicas, rank, local_bsz, accum_steps)
+            plan = self.plan(position, replicas, rank, local_bsz, accum_steps, shares)
             yield plan
             position += plan.advance
 
