@@ -1,0 +1,160 @@
+#!/usr/bin/env python3
+"""One gloo replica of the LB-BSP training benchmarks (``benchmarks/lbbsp.py``; started by it, by PID).
+
+Trains the digits CNN of ``examples/digits/train.py`` with a FIXED global batch (no
+``autoscale_batch_size``, so M never changes) through ``AdaptiveDataParallel`` and
+``AdaptiveDataLoader``, in blocks of epochs, each block with balancing on or off
+(``loader.balance_batches``) and optionally one replica slowed down. Usage::
+
+    lbbsp_worker.py CONFIG_JSON OUT_JSON     (OUT_JSON with "RANK" replaced by the rank)
+
+CONFIG: ``{"batch_size": M, "width": w, "seed": s, "cores": [core per rank] | null, "warmup_epochs": n,
+"blocks": [{"balance": "cpu" | "off", "epochs": n, "slow": rank | null,
+"switch": [iteration, rank] | null}]}``. ``switch`` moves the slowdown to another rank at that
+iteration of the block (counted from the block's first step).
+
+The injected slowdown makes the slow replica's compute take twice as long: between forward and backward
+it busy-waits (as a slower device would be busy; a sleep oversleeps on a loaded machine) for its own
+compute time of the batch it holds, ``len(x)`` times its forward + backward seconds per example,
+calibrated per replica on a local copy of the model before training (median of 30 timed passes at
+the equal local batch). Not timed live: the backward pass under DDP includes the wait for the other
+replica, and a live forward time on a shared 2-core machine carries every preemption into the delay.
+
+The model is the example's ``DigitsCNN`` with its convolution channels multiplied by ``width``
+(``width`` 1 is the example's network): with one thread the example's network computes a local batch
+of 64 in about 2 ms, less than the agent's and DDP's fixed per-step work, so a balancer could not
+show the effect it has on real models, whose compute dominates the step.
+
+Each replica writes per block: the wall time of every epoch and the size of its local batch at every
+step (the parent pairs them up into shares).
+"""
+
+from __future__ import annotations
+
+import copy
+import importlib.util
+import json
+import logging
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+import pollux.torch as ptorch
+
+EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "digits" / "train.py"
+
+
+def load_example() -> Any:
+    """The digits example as a module (its CNN and data split), without running it."""
+    spec = importlib.util.spec_from_file_location("digits_example", EXAMPLE)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+class WideDigitsCNN(nn.Module):
+    """The example's ``DigitsCNN`` (two 3×3 convolutions, a 2×2 max-pool, two linear layers) with
+    ``width`` times its convolution channels."""
+
+    def __init__(self, width: int) -> None:
+        super().__init__()
+        self.conv1 = nn.Conv2d(1, 16 * width, 3, padding=1)
+        self.conv2 = nn.Conv2d(16 * width, 32 * width, 3, padding=1)
+        self.fc1 = nn.Linear(32 * width * 4 * 4, 64)
+        self.fc2 = nn.Linear(64, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = F.relu(self.conv1(x))
+        x = F.max_pool2d(F.relu(self.conv2(x)), 2)
+        return self.fc2(F.relu(self.fc1(torch.flatten(x, 1))))
+
+
+def busy_wait(seconds: float) -> None:
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        pass
+
+
+def calibrate(net: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, reps: int = 30) -> float:
+    """Median forward + backward seconds per example of a local copy of ``net`` on the batch ``x``."""
+    local = copy.deepcopy(net)
+    times = []
+    for i in range(reps + 5):
+        local.zero_grad()
+        t0 = time.perf_counter()
+        F.cross_entropy(local(x), y).backward()
+        if i >= 5:
+            times.append((time.perf_counter() - t0) / len(x))
+    times.sort()
+    return times[len(times) // 2]
+
+
+def main() -> int:
+    config = json.loads(Path(sys.argv[1]).read_text())
+    out = sys.argv[2]
+    rank = int(os.environ["POLLUX_RANK"])
+    cores = config.get("cores")
+    if cores:
+        os.sched_setaffinity(0, {int(cores[rank])})      # before any thread is started
+    torch.set_num_threads(1)
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(name)s %(message)s")
+    os.environ.setdefault("POLLUX_REFIT_INTERVAL_S", "3600")   # no throughput refits mid-measurement
+    ptorch.init_process_group("gloo")
+    example = load_example()
+    torch.manual_seed(config.get("seed", 0))
+    train_set, _, _ = example.load_data()
+    width = int(config.get("width", 1))
+    net = example.DigitsCNN() if width == 1 else WideDigitsCNN(width)
+    m = int(config["batch_size"])
+    xs, ys = train_set.tensors
+    per_example = calibrate(net, xs[: m // 2], ys[: m // 2])
+    optimizer = torch.optim.SGD(net.parameters(), lr=0.02, momentum=0.9)
+    model = ptorch.AdaptiveDataParallel(net, optimizer)
+    loader = ptorch.AdaptiveDataLoader(train_set, batch_size=m, shuffle=True, seed=config.get("seed", 0))
+
+    def epoch(slow: bool, sizes: list[int] | None = None, switch: tuple[int, int] | None = None,
+              step0: int = 0) -> float:
+        t_start = time.perf_counter()
+        step = step0
+        for x, y in loader:
+            if switch is not None and step >= switch[0]:
+                slow = rank == switch[1]
+            optimizer.zero_grad()
+            loss = F.cross_entropy(model(x), y)
+            if slow:
+                busy_wait(per_example * len(y))
+            loss.backward()
+            optimizer.step()
+            if sizes is not None:
+                sizes.append(len(y))
+            step += 1
+        return time.perf_counter() - t_start
+
+    loader.balance_batches("off")
+    for _ in range(int(config.get("warmup_epochs", 1))):
+        epoch(False)
+    blocks = []
+    for block in config["blocks"]:
+        loader.balance_batches(block["balance"])
+        sizes: list[int] = []
+        times = []
+        slow = block.get("slow") == rank
+        switch = tuple(block["switch"]) if block.get("switch") else None
+        for _ in range(int(block["epochs"])):
+            times.append(epoch(slow, sizes, switch, len(sizes)))
+        blocks.append({"balance": block["balance"], "epoch_times": times, "sizes": sizes})
+    result = {"rank": rank, "compute_s_per_example": per_example, "blocks": blocks,
+              "affinity": sorted(os.sched_getaffinity(0))}
+    Path(out.replace("RANK", str(rank))).write_text(json.dumps(result))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
