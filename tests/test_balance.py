@@ -253,7 +253,11 @@ def test_last_value_and_moving_average():
         lv.observe(s)
         ma.observe(s)
     assert lv.predict() == 20.0
-    assert ma.predict() == pytest.approx(0.2 * 20.0 + 0.8 * 10.0)
+    assert ma.predict() == pytest.approx(15.0)  # the first observations make a plain mean
+    for s in (30.0, 40.0, 50.0, 60.0):
+        ma.observe(s)
+    # n = 3, 4, 5 weigh 1/n (a running mean: 35 after 50), then alpha = 0.2 takes over.
+    assert ma.predict() == pytest.approx(0.2 * 60.0 + 0.8 * 30.0)
     shifty = MovingAverage(alpha=0.2, shift_tolerance=0.25)
     for s in (100.0,) * 5 + (50.0, 50.0):
         shifty.observe(s)

@@ -384,9 +384,17 @@ class CpuBalancer:
 
     mode = "cpu"
 
-    def __init__(self, predictor_factory: Callable[[], SpeedPredictor] | None = None) -> None:
+    def __init__(self, predictor_factory: Callable[[], SpeedPredictor] | None = None,
+                 tolerance: float = 0.015) -> None:
+        if not (math.isfinite(tolerance) and 0.0 <= tolerance < 1.0):
+            raise ValueError(f"tolerance: expected a fraction in [0, 1), got {tolerance!r}")
         self.predictor_factory: Callable[[], SpeedPredictor] = (
             predictor_factory if predictor_factory is not None else NarxPredictor)
+        #: Keep the current shares unless the new ones are predicted to shorten the step by more than
+        #: this fraction: on equally fast replicas the predicted speeds differ by noise only, and
+        #: chasing it costs more (a new data iterator, a step that waits for the larger share) than
+        #: it could gain.
+        self.tolerance = float(tolerance)
         self.predictors: list[SpeedPredictor] = []
         self.predicted_speeds = np.zeros(0)
         self.predicted_step_time = math.nan
@@ -426,10 +434,20 @@ class CpuBalancer:
             speeds = np.where(np.isfinite(speeds) & (speeds > 0), speeds, 0.0)
         out = proportional_shares(total, speeds, lo_arr, hi_arr)
         self.predicted_speeds = speeds
-        with np.errstate(divide="ignore", invalid="ignore"):
-            times = np.where(speeds > 0, out / speeds, np.where(out > 0, np.inf, 0.0))
-        self.predicted_step_time = float(np.max(times))
+        new_time = _predicted_time(out, speeds)
+        if not np.array_equal(out, x) and np.all((x >= lo_arr) & (x <= hi_arr)):
+            old_time = _predicted_time(x, speeds)
+            if new_time >= old_time * (1.0 - self.tolerance):
+                out, new_time = x.copy(), old_time
+        self.predicted_step_time = new_time
         return out
+
+
+def _predicted_time(shares: np.ndarray, speeds: np.ndarray) -> float:
+    """Predicted compute time of a step: the slowest replica's share over its predicted speed."""
+    with np.errstate(divide="ignore", invalid="ignore"):
+        times = np.where(speeds > 0, shares / speeds, np.where(shares > 0, np.inf, 0.0))
+    return float(np.max(times))
 
 
 Balancer = GpuBalancer | CpuBalancer

@@ -49,7 +49,9 @@ class MovingAverage:
 
     Plain EMA reacts slowly to a lasting change of speed. With ``shift_tolerance`` set, the average
     restarts at the mean of the last ``shift_after`` observations when all of them lie more than
-    that relative distance from it on the same side (a level shift, not a transient spike).
+    that relative distance from it on the same side (a level shift, not a transient spike). The n-th
+    observation weighs at least 1/n, so the first few make a plain mean rather than leaving the
+    first (often a warm-up outlier) in charge for ~1/alpha observations.
     """
 
     def __init__(self, alpha: float = 0.2, shift_tolerance: float | None = None,
@@ -64,15 +66,18 @@ class MovingAverage:
         self.shift_tolerance = shift_tolerance
         self.shift_after = int(shift_after)
         self._value = math.nan
+        self._count = 0
         self._recent: deque[float] = deque(maxlen=self.shift_after)
 
     def observe(self, speed: float, load: ArrayLike | None = None) -> None:
         s = _check_speed(speed)
         self._recent.append(s)
+        self._count += 1
         if math.isnan(self._value):
             self._value = s
             return
-        self._value = self.alpha * s + (1.0 - self.alpha) * self._value
+        a = max(self.alpha, 1.0 / self._count)
+        self._value = a * s + (1.0 - a) * self._value
         if self.shift_tolerance is not None and len(self._recent) == self.shift_after:
             rel = np.asarray(self._recent) / self._value - 1.0
             if np.all(rel > self.shift_tolerance) or np.all(rel < -self.shift_tolerance):
