@@ -127,7 +127,8 @@ def test_sim_runtime_errors_exit_1_naming_the_file(capsys, tmp_path):
     assert len(err.splitlines()) == 1 and not (tmp_path / "o.csv").exists()
 
 
-def test_simulate_compares_the_registrys_default_policies(capsys, monkeypatch):
+def planned_runs(monkeypatch, argv):
+    """The run specs ``pollux simulate`` would run for ``argv``, stopped before any simulation."""
     from pollux.sim import runner
 
     seen = []
@@ -141,7 +142,12 @@ def test_simulate_compares_the_registrys_default_policies(capsys, monkeypatch):
 
     monkeypatch.setattr(runner, "run_many", fake_run_many)
     with pytest.raises(Stop):              # not a user error: it keeps its traceback
-        main(["simulate", "--quiet"])
+        main(argv)
+    return seen
+
+
+def test_simulate_compares_the_registrys_default_policies(capsys, monkeypatch):
+    seen = planned_runs(monkeypatch, ["simulate", "--quiet"])
     assert [s.policy for s in seen] == list(policy_names(compare=True)) == ["pollux", "tiresias", "optimus"]
 
 
@@ -161,27 +167,12 @@ def test_console_entry_exit_statuses(tmp_path):
 
 def test_simulate_slow_nodes_and_balance_both(capsys, monkeypatch):
     """--slow-nodes/--slow-factor set the nodes' speeds; --balance both runs each policy twice."""
-    from pollux.sim import runner
-
-    seen = []
-
-    class Stop(Exception):
-        pass
-
-    def fake_run_many(specs, *args, **kwargs):
-        seen.extend(specs)
-        raise Stop
-
-    monkeypatch.setattr(runner, "run_many", fake_run_many)
-    with pytest.raises(Stop):
-        main(["simulate", "--quiet", "--policy", "pollux", "--policy", "tiresias", "--slow-nodes", "4",
-              "--slow-factor", "0.25", "--balance", "both"])
+    seen = planned_runs(monkeypatch, ["simulate", "--quiet", "--policy", "pollux", "--policy", "tiresias",
+                                      "--slow-nodes", "4", "--slow-factor", "0.25", "--balance", "both"])
     assert [(s.policy, s.config.balance) for s in seen] == [("pollux", False), ("pollux", True),
                                                             ("tiresias", False), ("tiresias", True)]
     assert all(s.config.node_speed == (0.25,) * 4 + (1.0,) * 12 for s in seen)
-    seen.clear()
-    with pytest.raises(Stop):
-        main(["simulate", "--quiet", "--policy", "pollux"])
+    seen = planned_runs(monkeypatch, ["simulate", "--quiet", "--policy", "pollux"])
     assert [(s.config.balance, set(s.config.node_speed)) for s in seen] == [(False, {1.0})]
 
 

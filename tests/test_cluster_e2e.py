@@ -34,6 +34,14 @@ DIGITS = ROOT / "examples" / "digits" / "train.py"
 EPOCH_LINE = re.compile(r" digits INFO epoch (\d+): ")
 
 
+#: Hints for a digits job (initial batch 16) under which two replicas pay.
+DIGITS_HINTS = {"version": 1, "throughput": {"alpha_grad": 0.1, "beta_grad": 0.01, "alpha_local": 0.1,
+                                             "beta_local": 0.001, "alpha_node": 0.1, "beta_node": 0.001,
+                                             "gamma": 1.5},
+                "grad": {"sqr": 1.0, "var": 2.0}, "init_batch_size": 16, "max_batch_size": 256,
+                "local_bsz_bounds": [8, 128], "accumulation": False, "max_replicas_seen": 1,
+                "progress": 1.0, "epoch": 0}
+
 def ray_pids() -> set[int]:
     """PIDs of Ray's processes (GCS, raylets, workers and agents) on this machine."""
     out = set()
@@ -183,12 +191,7 @@ def test_api_rejects_missing_token_malformed_spec_and_nan_hints(service):
     assert r.status_code == 422 and r.json()["field"] == "spec.init_batch_size"
     job = svc.client.post("/v1/jobs", json={"spec": {"entrypoint": str(DIGITS), "init_batch_size": 16,
                                                      "args": ["--epochs", "1"]}}).json()
-    hints = {"version": 1, "throughput": {"alpha_grad": 0.1, "beta_grad": 0.01, "alpha_local": 0.1,
-                                          "beta_local": 0.001, "alpha_node": 0.1, "beta_node": 0.001,
-                                          "gamma": 1.5},
-             "grad": {"sqr": 1.0, "var": 2.0}, "init_batch_size": 16, "max_batch_size": 256,
-             "local_bsz_bounds": [8, 128], "accumulation": False, "max_replicas_seen": 1,
-             "progress": 1.0, "epoch": 0}
+    hints = DIGITS_HINTS
     text = json.dumps(hints).replace('"sqr": 1.0', '"sqr": NaN')
     r = bare.put(f"/v1/jobs/{job['id']}/hints", content=text,
                  headers={"Authorization": f"Bearer {job['token']}", "Content-Type": "application/json"})
@@ -311,12 +314,7 @@ def test_lost_node_leaves_the_next_round_and_its_job_carries_on(ray_cluster, tmp
         assert r.status_code == 201, r.text
         jid, token = r.json()["id"], r.json()["token"]
         # Hints under which two replicas pay (the job may also run on one GPU: min_replicas is 1).
-        hints = {"version": 1, "throughput": {"alpha_grad": 0.1, "beta_grad": 0.01, "alpha_local": 0.1,
-                                              "beta_local": 0.001, "alpha_node": 0.1, "beta_node": 0.001,
-                                              "gamma": 1.5},
-                 "grad": {"sqr": 1.0, "var": 2.0}, "init_batch_size": 16, "max_batch_size": 256,
-                 "local_bsz_bounds": [8, 128], "accumulation": False, "max_replicas_seen": 1,
-                 "progress": 1.0, "epoch": 0}
+        hints = DIGITS_HINTS
         r = svc.client.put(f"/v1/jobs/{jid}/hints", json=hints, headers={"Authorization": f"Bearer {token}"})
         assert r.status_code == 200, r.text
         svc.wait([jid], lambda j: j["state"] == "running" and j["allocation"] == {"node-0": 1, "node-1": 1},

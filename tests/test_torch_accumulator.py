@@ -18,20 +18,10 @@ import torch.distributed as dist
 
 import pollux.torch as ptorch
 from pollux.torch.accumulator import _union_keys
-from pollux.torch.context import ENV_FAULT_OOM_ABOVE, ENV_REFIT_INTERVAL, get_context, reset_context
-from pollux.torch.env import POLLUX_VARS, TORCHRUN_VARS
+from pollux.torch.context import get_context, reset_context
 from torch_workers.launch import WORKERS, launch
 
 WORKER = WORKERS / "accum_worker.py"
-
-
-@pytest.fixture
-def agent(monkeypatch: pytest.MonkeyPatch):
-    for name in (*POLLUX_VARS, *TORCHRUN_VARS, ENV_FAULT_OOM_ABOVE, ENV_REFIT_INTERVAL):
-        monkeypatch.delenv(name, raising=False)
-    reset_context()
-    yield monkeypatch
-    reset_context()
 
 
 # --------------------------------------------------------------------------------------------

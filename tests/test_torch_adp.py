@@ -23,16 +23,6 @@ import pollux.torch as ptorch
 from pollux.goodput import AdaScale, SquareRoot, gain
 from pollux.torch.api import BatchConfig
 from pollux.torch.context import ENV_FAULT_OOM_ABOVE, ENV_REFIT_INTERVAL, get_context, reset_context
-from pollux.torch.env import POLLUX_VARS, TORCHRUN_VARS
-
-
-@pytest.fixture
-def agent(monkeypatch: pytest.MonkeyPatch):
-    for name in (*POLLUX_VARS, *TORCHRUN_VARS, ENV_FAULT_OOM_ABOVE, ENV_REFIT_INTERVAL):
-        monkeypatch.delenv(name, raising=False)
-    reset_context()
-    yield monkeypatch
-    reset_context()
 
 
 class Indexed(torch.utils.data.Dataset):

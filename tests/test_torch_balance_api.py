@@ -11,20 +11,10 @@ import torch
 from pollux.contract import ENV_BALANCE
 from pollux.hints import validate_hints
 from pollux.torch.api import BatchConfig
-from pollux.torch.context import ENV_FAULT_OOM_ABOVE, ENV_REFIT_INTERVAL, reset_context
+from pollux.torch.context import reset_context
 from pollux.torch.data import AdaptiveDataLoader
-from pollux.torch.env import POLLUX_VARS, TORCHRUN_VARS
 from pollux.torch.parallel import AdaptiveDataParallel
 from pollux.torch.shares import BalanceReport, LoaderBalance, parse_mode
-
-
-@pytest.fixture
-def agent(monkeypatch: pytest.MonkeyPatch):
-    for name in (*POLLUX_VARS, *TORCHRUN_VARS, ENV_FAULT_OOM_ABOVE, ENV_REFIT_INTERVAL):
-        monkeypatch.delenv(name, raising=False)
-    reset_context()
-    yield monkeypatch
-    reset_context()
 
 
 def dataset(n: int = 64) -> torch.utils.data.TensorDataset:

@@ -14,21 +14,10 @@ import pytest
 import torch
 
 import pollux.torch as ptorch
-from pollux.contract import EVENT_FIRST_STEP, POLLUX_VARS, parse_events
-from pollux.torch.context import ENV_FAULT_OOM_ABOVE, ENV_REFIT_INTERVAL, reset_context
-from pollux.torch.env import TORCHRUN_VARS
+from pollux.contract import EVENT_FIRST_STEP, parse_events
 from torch_workers.launch import WORKERS, launch
 
 WORKER = WORKERS / "train_worker.py"
-
-
-@pytest.fixture
-def agent(monkeypatch: pytest.MonkeyPatch):
-    for name in (*POLLUX_VARS, *TORCHRUN_VARS, ENV_FAULT_OOM_ABOVE, ENV_REFIT_INTERVAL):
-        monkeypatch.delenv(name, raising=False)
-    reset_context()
-    yield monkeypatch
-    reset_context()
 
 
 def test_the_first_step_is_one_event_on_stderr(agent, capsys: pytest.CaptureFixture[str]) -> None:

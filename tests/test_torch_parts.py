@@ -15,29 +15,16 @@ import pytest
 import torch
 
 import pollux.torch as ptorch
-from pollux.contract import POLLUX_VARS
 from pollux.torch.api import BatchConfig, BatchLoader, ModelWrapper, StepInfo, SyncOutcome
 from pollux.torch.checkpoint import CheckpointStore
 from pollux.torch.context import (
-    ENV_FAULT_OOM_ABOVE,
-    ENV_REFIT_INTERVAL,
     OOM_NOTE,
     AgentContext,
     get_context,
-    reset_context,
 )
 from pollux.torch.data import AdaptiveDataLoader
-from pollux.torch.env import TORCHRUN_VARS, AgentEnv
+from pollux.torch.env import AgentEnv
 from pollux.torch.parallel import AdaptiveDataParallel
-
-
-@pytest.fixture
-def agent(monkeypatch: pytest.MonkeyPatch):
-    for name in (*POLLUX_VARS, *TORCHRUN_VARS, ENV_FAULT_OOM_ABOVE, ENV_REFIT_INTERVAL):
-        monkeypatch.delenv(name, raising=False)
-    reset_context()
-    yield monkeypatch
-    reset_context()
 
 
 class FakeWrapper:
