@@ -308,3 +308,10 @@ def test_narx_bad_load_shape():
         p.observe(10.0, [0.5])
     with pytest.raises(ValueError, match="load"):
         p.observe(10.0, [0.5, float("nan")])
+
+
+def test_balance_modes_are_the_contracts():
+    """The agent–service contract (stdlib only) and the balancers (numpy) each spell the modes."""
+    from pollux.contract import BALANCE_MODES as CONTRACT_MODES
+    from pollux.goodput.balance import BALANCE_MODES
+    assert BALANCE_MODES == CONTRACT_MODES

@@ -4,7 +4,7 @@ The agent (``pollux.torch``) and the service (``pollux.cluster``) never import e
 side writes and the other reads is spelled here once, so a rename cannot break one side silently:
 
 * the ``POLLUX_*`` environment variables the service sets for every replica and the agent parses;
-* the exit statuses a replica ends with and what the service makes of them;
+* the exit status of a preempted replica (the service reads any other non-zero one as a failure);
 * the job-log line format, and *events*: one line of JSON per fact the service or a tool needs from a
   replica's log (for example the first optimizer step after a restart), written by
   :func:`format_event` and read back by :func:`parse_events` instead of matching free text.
@@ -65,24 +65,6 @@ POLLUX_VARS: tuple[str, ...] = (
 #: A replica that checkpointed after SIGTERM exits with this: "preempted, resume me". The service
 #: reads it as a completed rescale step, never as a failure (128 + SIGTERM, what a shell reports).
 PREEMPTED_EXIT_CODE = 143
-#: A replica that finished its training script normally.
-SUCCESS_EXIT_CODE = 0
-
-
-def exit_meaning(code: int | None) -> str:
-    """A short reason for an exit status, as the service records it in a job's failure reason."""
-    if code is None:
-        return "still running"
-    if code == SUCCESS_EXIT_CODE:
-        return "finished"
-    if code == PREEMPTED_EXIT_CODE:
-        return "preempted (checkpointed after SIGTERM)"
-    if code < 0:
-        return f"killed by signal {-code}"
-    if code > 128:
-        return f"exit status {code} (signal {code - 128}?)"
-    return f"exit status {code}"
-
 
 # --------------------------------------------------------------------------------------------
 # Job logs and events

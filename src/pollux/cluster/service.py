@@ -64,6 +64,7 @@ from pollux.cluster.statedir import (
     secure_state_dir,
 )
 from pollux.cluster.store import JobStore
+from pollux.contract import LOG_FORMAT
 from pollux.policy.base import Cluster
 from pollux.policy.registry import policy_names
 
@@ -175,8 +176,7 @@ def release_jobs(store: JobStore, reason: str) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    logging.basicConfig(level=logging.INFO, stream=sys.stderr,
-                        format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr, format=LOG_FORMAT)
     os.umask(0o077)                          # whatever the service writes is its user's alone
     state = args.state_dir.resolve()
     lock = FolderLock(state / SERVICE_LOCK)
