@@ -8,8 +8,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from pollux.goodput.balance import equal_finish_split
 from pollux.policy.registry import make_policy
-from pollux.sim.balance import balanced_compute_time, balanced_shares, slow_node_speeds
+from pollux.sim.balance import balanced_compute_time, slow_node_speeds
 from pollux.sim.engine import ADAPTIVE, SimConfig, SimJob, simulate
 from pollux.sim.profile_meta import AppMeta
 from pollux.sim.profiles import load_profile
@@ -53,20 +54,20 @@ def test_slow_node_hand_checked_with_and_without_balancing(tmp_path):
 
 def test_shares_equalise_time_and_respect_bounds():
     f = np.array([1.0, 1.0, 0.5, 0.25])
-    x, tau = balanced_shares(f, 0.0, 0.1, 4 * 8, 1, 100)
+    x, tau = equal_finish_split(f, 0.0, 0.1, 4 * 8, 1, 100)
     assert x.sum() == pytest.approx(32) and np.allclose(0.1 * x / f, tau)
     assert tau == pytest.approx(0.8 / f.mean())                 # affine, unbounded: t(m) / mean speed
     # A fast replica capped at hi: the others carry the rest, all still finishing together.
-    x, tau = balanced_shares(f, 0.0, 0.1, 32, 1, 10)
+    x, tau = equal_finish_split(f, 0.0, 0.1, 32, 1, 10)
     assert x.max() <= 10 + 1e-9 and x.sum() == pytest.approx(32)
     # A straggler held at lo sets the step time itself.
-    x, tau = balanced_shares(np.array([1.0, 0.01]), 0.0, 0.1, 16, 4, 16)
+    x, tau = equal_finish_split(np.array([1.0, 0.01]), 0.0, 0.1, 16, 4, 16)
     assert x[1] == pytest.approx(4) and tau == pytest.approx(0.1 * 4 / 0.01)
     # With a constant part the common time follows t(m) / mean f too (no bound binding).
-    x, tau = balanced_shares(np.array([1.0, 0.5]), 0.3, 0.1, 16, 1, 100)
+    x, tau = equal_finish_split(np.array([1.0, 0.5]), 0.3, 0.1, 16, 1, 100)
     assert tau == pytest.approx((0.3 + 0.8) / 0.75) and x.sum() == pytest.approx(16)
     with pytest.raises(ValueError, match="total"):
-        balanced_shares(f, 0.0, 0.1, 1000, 1, 10)
+        equal_finish_split(f, 0.0, 0.1, 1000, 1, 10)
 
 
 def test_balanced_time_lies_between_the_ideal_and_the_slowest():
@@ -78,7 +79,7 @@ def test_balanced_time_lies_between_the_ideal_and_the_slowest():
         t_m, t_half = a + b * m, a + b * m / 2
         got = balanced_compute_time(f, t_m, t_half, m, 1.0, 4 * m)
         assert t_m / f.mean() - 1e-9 <= got <= t_m / f.min() + 1e-9
-        x, tau = balanced_shares(f, a, b, f.size * m, 1.0, 4 * m)
+        x, tau = equal_finish_split(f, a, b, f.size * m, 1.0, 4 * m)
         assert got == pytest.approx(tau) and x.sum() == pytest.approx(f.size * m)
         if np.all((x > 1.0 + 1e-9) & (x < 4 * m - 1e-9)):      # no bound binds: t(m) / mean speed
             assert got == pytest.approx(t_m / f.mean())

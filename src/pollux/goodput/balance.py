@@ -5,7 +5,8 @@ batch M into per-replica shares ``x_i`` (``Σ x_i = M``) at iteration boundaries
 finish their compute together; the gradients are then weighted by ``x_i / M`` so the update is still
 the mean over the whole global batch. This module holds the pure math (numpy only, no torch):
 
-* :func:`proportional_shares` / :func:`equal_shares`: integer splits of a global batch;
+* :func:`proportional_shares` / :func:`equal_shares`: integer splits of a global batch, and
+  :func:`equal_finish_split`, the real-valued balance point the simulator models;
 * :class:`GpuBalancer`: the paper's iterative algorithm (move Δ samples from the slowest to the
   fastest replica after D consistent observations; Δ = 1, D = 20 after the first oscillation);
 * :class:`CpuBalancer`: the paper's analytic algorithm (shares proportional to predicted speeds);
@@ -170,6 +171,34 @@ def _water_fill(total: float, v: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> 
         else:
             at_hi |= above
     return np.clip(target, lo, hi)
+
+
+def equal_finish_split(speeds: ArrayLike, alpha: float, beta: float, total: float, lo: ArrayLike,
+                       hi: ArrayLike) -> tuple[np.ndarray, float]:
+    """Real shares ``x`` (Σ x = ``total``, ``lo ≤ x ≤ hi``) minimising the slowest ``(alpha + beta·x_i)/f_i``.
+
+    The balance point of LB-BSP when replica i computes a share x in ``(alpha + beta·x)/f_i``; returns
+    the shares and that slowest time. At the optimum ``x_i = clip((f_i·τ − alpha)/beta, lo_i, hi_i)``;
+    shifted by ``c = alpha/beta`` that is ``x_i + c = clip(f_i·τ/beta, lo_i + c, hi_i + c)``, the bounded
+    proportional split that :func:`proportional_shares` uses, of ``total + n·c``. One solver serves
+    both. Needs ``alpha ≥ 0``, ``beta > 0``, speeds > 0 and ``Σ lo ≤ total ≤ Σ hi``; ``lo``/``hi`` are
+    scalars or per-replica arrays.
+    """
+    f = np.asarray(speeds, dtype=np.float64)
+    if not (math.isfinite(alpha) and alpha >= 0):
+        raise ValueError(f"alpha: must be finite and >= 0, got {alpha}")
+    if not (math.isfinite(beta) and beta > 0):
+        raise ValueError(f"beta: must be finite and > 0, got {beta}")
+    if f.ndim != 1 or f.size == 0 or not np.all(np.isfinite(f) & (f > 0)):
+        raise ValueError(f"speeds: expected positive finite numbers, got {f.tolist()}")
+    lo_arr = np.broadcast_to(np.asarray(lo, dtype=np.float64), f.shape)
+    hi_arr = np.broadcast_to(np.asarray(hi, dtype=np.float64), f.shape)
+    if not (lo_arr.sum() - 1e-9 <= total <= hi_arr.sum() + 1e-9):
+        raise ValueError(f"total: {total} is outside [{lo_arr.sum():g}, {hi_arr.sum():g}] "
+                         f"for {f.size} replicas")
+    c = alpha / beta
+    x = _water_fill(float(total) + f.size * c, f, lo_arr + c, hi_arr + c) - c
+    return x, float(np.max((alpha + beta * x) / f))
 
 
 def proportional_shares(

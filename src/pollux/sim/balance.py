@@ -13,7 +13,8 @@ profile's exposed ``sync_time``) is not slowed. A synchronous step waits for its
   when no share reaches a bound. Shares are kept within the job's local-batch bounds ``[lo, hi]``
   (memory, the agent's limits): a fast replica cannot take more than ``hi`` and a straggler no
   fewer than ``lo``, so the step takes the longest of the bounded replicas' times
-  (:func:`balanced_compute_time` solves this exactly; shares are continuous, the agent rounds them).
+  (:func:`balanced_compute_time`, with ``pollux.goodput.balance.equal_finish_split``, the same
+  balance point the agent's shares round; shares are continuous here).
 
 The simulated agent observes (and fits its throughput model on) the step times this model gives, so
 the policy sees the throughput a job really achieves on its nodes.
@@ -26,7 +27,9 @@ from collections.abc import Sequence
 
 import numpy as np
 
-__all__ = ["balanced_compute_time", "balanced_shares", "check_node_speed", "slow_node_speeds"]
+from pollux.goodput.balance import equal_finish_split
+
+__all__ = ["balanced_compute_time", "check_node_speed", "slow_node_speeds"]
 
 
 def slow_node_speeds(num_nodes: int, slow_nodes: int, factor: float) -> tuple[float, ...]:
@@ -47,40 +50,6 @@ def check_node_speed(speeds: Sequence[float], num_nodes: int) -> None:
             raise ValueError(f"node_speed.{i}: must be a number in (0, 1], got {f!r}")
 
 
-def balanced_shares(speeds: np.ndarray, alpha: float, beta: float, total: float, lo: float,
-                    hi: float) -> tuple[np.ndarray, float]:
-    """Shares ``x`` (Σ x = ``total``, ``lo ≤ x ≤ hi``) minimising the slowest ``(alpha + beta·x_i)/f_i``.
-
-    Returns the shares and that slowest time. ``x_i(τ) = clip((f_i·τ − alpha)/beta, lo, hi)`` is
-    non-decreasing in ``τ``, piecewise linear between the breakpoints where a share leaves a bound,
-    so the ``τ`` with ``Σ x_i(τ) = total`` is found by evaluating the sum at the sorted breakpoints and
-    interpolating: exact, no iteration. Needs ``beta > 0`` and ``r·lo ≤ total ≤ r·hi``.
-    """
-    f = np.asarray(speeds, dtype=np.float64)
-    r = f.size
-    if not beta > 0:
-        raise ValueError(f"beta: must be > 0, got {beta}")
-    if not (r * lo - 1e-9 <= total <= r * hi + 1e-9):
-        raise ValueError(f"total: {total} is outside [{r * lo}, {r * hi}] for {r} replicas")
-    bps = np.sort(np.concatenate([(alpha + beta * lo) / f, (alpha + beta * hi) / f]))
-
-    def shares(tau: np.ndarray) -> np.ndarray:
-        return np.clip((np.multiply.outer(tau, f) - alpha) / beta, lo, hi)
-
-    sums = shares(bps).sum(axis=-1)
-    k = int(np.searchsorted(sums, total - 1e-12))
-    if k >= bps.size:
-        tau = float(bps[-1])
-    elif k == 0:
-        tau = float(bps[0])
-    else:
-        s0, s1 = float(sums[k - 1]), float(sums[k])
-        w = 0.0 if s1 <= s0 else (total - s0) / (s1 - s0)
-        tau = float(bps[k - 1] + w * (bps[k] - bps[k - 1]))
-    x = shares(np.asarray(tau))
-    return x, float(np.max((alpha + beta * x) / f))
-
-
 def balanced_compute_time(speeds: np.ndarray, t_m: float, t_half: float, m: float, lo: float,
                           hi: float) -> float:
     """Compute time of one micro-step with LB-BSP shares on replicas of speed factors ``speeds``.
@@ -99,5 +68,5 @@ def balanced_compute_time(speeds: np.ndarray, t_m: float, t_half: float, m: floa
         alpha, beta = 0.0, t_m / m if m > 0 else 0.0
     if not beta > 0:
         return t_m / float(f.min())
-    _, tau = balanced_shares(f, alpha, beta, f.size * m, lo, hi)
+    _, tau = equal_finish_split(f, alpha, beta, f.size * m, lo, hi)
     return tau
