@@ -16,17 +16,23 @@ iteration of the block (counted from the block's first step).
 The injected slowdown makes the slow replica's compute take twice as long: between forward and backward
 it busy-waits (as a slower device would be busy; a sleep oversleeps on a loaded machine) for its own
 compute time of the batch it holds, ``len(x)`` times its forward + backward seconds per example,
-calibrated per replica on a local copy of the model before training (median of 30 timed passes at
-the equal local batch). Not timed live: the backward pass under DDP includes the wait for the other
-replica, and a live forward time on a shared 2-core machine carries every preemption into the delay.
+calibrated per replica on a local copy of the model before training: the slope of the median of 30
+timed passes between batches of M/4 and 3M/4. The slope, not the time of one batch over its size:
+the per-step work that does not grow with the batch is the same on both replicas, so only the
+per-example part is doubled and, with time linear in the batch and equally fast cores, the
+equal-finish shares are 2 : 1 (on the 2-core VM the cores' own speeds differ by up to ~30 % at
+times, and the time per sample grows with the batch, so the balance point measured is 1.8–2.4 : 1).
+Not timed live: the backward pass under DDP includes the wait for the other replica, and a live
+forward time on a shared 2-core machine carries every preemption into the delay.
 
 The model is the example's ``DigitsCNN`` with its convolution channels multiplied by ``width``
 (``width`` 1 is the example's network): with one thread the example's network computes a local batch
 of 64 in about 2 ms, less than the agent's and DDP's fixed per-step work, so a balancer could not
 show the effect it has on real models, whose compute dominates the step.
 
-Each replica writes per block: the wall time of every epoch and the size of its local batch at every
-step (the parent pairs them up into shares).
+Each replica writes per block: the wall time of every epoch, the size of its local batch at every
+step (the parent pairs them up into shares) and, per step, the agent's latest balancer report from
+``to_scalars()`` (the shares it chose and the compute times per rank it measured, or null).
 """
 
 from __future__ import annotations
@@ -82,18 +88,37 @@ def busy_wait(seconds: float) -> None:
         pass
 
 
-def calibrate(net: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, reps: int = 30) -> float:
-    """Median forward + backward seconds per example of a local copy of ``net`` on the batch ``x``."""
-    local = copy.deepcopy(net)
+def timed_pass(net: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, reps: int = 30) -> float:
+    """Median seconds of a forward + backward pass of ``net`` on the batch ``x`` (5 passes warm up)."""
     times = []
     for i in range(reps + 5):
-        local.zero_grad()
+        net.zero_grad()
         t0 = time.perf_counter()
-        F.cross_entropy(local(x), y).backward()
+        F.cross_entropy(net(x), y).backward()
         if i >= 5:
-            times.append((time.perf_counter() - t0) / len(x))
+            times.append(time.perf_counter() - t0)
     times.sort()
     return times[len(times) // 2]
+
+
+def calibrate(net: torch.nn.Module, xs: torch.Tensor, ys: torch.Tensor, m: int) -> float:
+    """Forward + backward seconds per example of a local copy of ``net``: the slope between batches of
+    m/4 and 3m/4 (around the shares the balancer will choose), so that the per-step costs that do not
+    grow with the batch (kernel launches, the optimiser, the agent) are not scaled by the delay."""
+    local = copy.deepcopy(net)
+    small, large = max(m // 4, 1), max(3 * m // 4, 2)
+    t_small = timed_pass(local, xs[:small], ys[:small])
+    t_large = timed_pass(local, xs[:large], ys[:large])
+    return max(t_large - t_small, 0.0) / (large - small)
+
+
+def balance_report(scalars: dict[str, float]) -> list[list[float]] | None:
+    """The agent's latest balancer report from ``to_scalars()``: [shares, compute times] per rank."""
+    if "balance_share0" not in scalars:
+        return None
+    n = sum(1 for k in scalars if k.startswith("balance_share"))
+    return [[scalars[f"balance_share{r}"] for r in range(n)],
+            [scalars[f"balance_step_time{r}"] for r in range(n)]]
 
 
 def main() -> int:
@@ -114,13 +139,13 @@ def main() -> int:
     net = example.DigitsCNN() if width == 1 else WideDigitsCNN(width)
     m = int(config["batch_size"])
     xs, ys = train_set.tensors
-    per_example = calibrate(net, xs[: m // 2], ys[: m // 2])
+    per_example = calibrate(net, xs, ys, m)
     optimizer = torch.optim.SGD(net.parameters(), lr=0.02, momentum=0.9)
     model = ptorch.AdaptiveDataParallel(net, optimizer)
     loader = ptorch.AdaptiveDataLoader(train_set, batch_size=m, shuffle=True, seed=config.get("seed", 0))
 
     def epoch(slow: bool, sizes: list[int] | None = None, switch: tuple[int, int] | None = None,
-              step0: int = 0) -> float:
+              step0: int = 0, reports: list[Any] | None = None) -> float:
         t_start = time.perf_counter()
         step = step0
         for x, y in loader:
@@ -134,6 +159,8 @@ def main() -> int:
             optimizer.step()
             if sizes is not None:
                 sizes.append(len(y))
+            if reports is not None:
+                reports.append(balance_report(model.to_scalars()))
             step += 1
         return time.perf_counter() - t_start
 
@@ -144,12 +171,14 @@ def main() -> int:
     for block in config["blocks"]:
         loader.balance_batches(block["balance"])
         sizes: list[int] = []
+        reports: list[Any] = []
         times = []
         slow = block.get("slow") == rank
         switch = tuple(block["switch"]) if block.get("switch") else None
         for _ in range(int(block["epochs"])):
-            times.append(epoch(slow, sizes, switch, len(sizes)))
-        blocks.append({"balance": block["balance"], "epoch_times": times, "sizes": sizes})
+            times.append(epoch(slow, sizes, switch, len(sizes), reports))
+        blocks.append({"balance": block["balance"], "epoch_times": times, "sizes": sizes,
+                       "reports": reports})
     result = {"rank": rank, "compute_s_per_example": per_example, "blocks": blocks,
               "affinity": sorted(os.sched_getaffinity(0))}
     Path(out.replace("RANK", str(rank))).write_text(json.dumps(result))

@@ -17,6 +17,7 @@ from pollux.goodput.balance import (
     LastValue,
     MovingAverage,
     NarxPredictor,
+    affine_split,
     check_shares,
     equal_shares,
     make_balancer,
@@ -109,6 +110,11 @@ def test_equal_shares_matches_the_unbalanced_split():
         (lambda: GpuBalancer().update([3, 13], [1.0, 2.0], memory_ok=[True]), "memory_ok"),
         (lambda: CpuBalancer(LastValue).update([3, 13], [1.0, 2.0], lo=9), "lo"),
         (lambda: CpuBalancer(LastValue).update([3, 13], [1.0, 2.0], loads=[None]), "loads"),
+        (lambda: CpuBalancer(noise_factor=-1.0), "noise_factor"),
+        (lambda: CpuBalancer(evidence_z=float("nan")), "evidence_z"),
+        (lambda: CpuBalancer(prior_noise=-0.1), "prior_noise"),
+        (lambda: CpuBalancer(noise_window=3), "noise_window"),
+        (lambda: NarxPredictor(refit_every=25, max_refit_every=10), "max_refit_every"),
         (lambda: GpuBalancer(delta=0), "delta"),
         (lambda: GpuBalancer(memory_fraction=1.5), "memory_fraction"),
         (lambda: MovingAverage(alpha=0.0), "alpha"),
@@ -186,6 +192,88 @@ def test_cpu_balancer_reaches_2_to_1_in_one_iteration_and_follows_a_moving_slowd
         moves[move] = _first_settled(hist, (1, 2), start=move)
         assert moves[move] is not None and moves[move] <= 3
     # The acceptance bound is 10 iterations; both the EMA warm-up and the fitted network do <= 3.
+
+
+def test_cpu_balancer_keeps_equal_speeds_put_under_noise():
+    """Equally fast replicas with 5 % noise per step: the predicted speeds differ by noise only, and
+    the dead band (scaled by the measured noise) keeps the shares equal or nearly so. The cost of a
+    step is its largest share over the equal one; averaged over 400 steps and 5 seeds it stays under
+    0.5 % (without the noise-scaled band and the prior, shares wandered over ±10 %). The noise it
+    measured is about the noise there is."""
+    same = np.array([1e-3, 1e-3])
+    costs = []
+    for seed in range(5):
+        bal = CpuBalancer()
+        hist = np.asarray(_run(bal, [64, 64], lambda k: same, 400, noise=0.05, seed=seed))
+        costs.append(float(np.mean(hist.max(axis=1) / 64 - 1)))
+        assert 0.03 < bal.noise < 0.08
+        assert bal.dead_band == pytest.approx(max(bal.tolerance, bal.noise_factor * bal.noise))
+    assert np.mean(costs) < 0.005 and max(costs) < 0.015, costs
+
+
+def test_cpu_balancer_corrects_a_small_imbalance_on_evidence():
+    """A 4 % speed difference predicts a ~2 % gain: inside the dead band of 5 % noise, so the
+    predictors alone would never move; the speeds averaged since the last change show it."""
+    per_sample = np.array([1e-3, 1.04e-3])
+    bal = CpuBalancer()
+    hist = _run(bal, [64, 64], lambda k: per_sample, 300, noise=0.05, seed=1)
+    assert bal.dead_band > 0.02
+    assert hist[-1][0] > hist[-1][1]
+    assert _within(hist[-1], 1 / per_sample, tol=0.03)
+
+
+def test_cpu_balancer_settles_with_per_step_costs():
+    """Compute time c·x + f (a per-step cost that does not grow with the batch): the proportional
+    rule lands short of the equal-finish split, and the settling update, on the times measured at
+    the new shares, takes it there."""
+    c, f = np.array([1e-3, 2e-3]), 0.02
+    bal = CpuBalancer()
+    x = np.array([64, 64])
+    history = []
+    for _ in range(4):
+        x = bal.update(x, c * x + f)
+        history.append(x.tolist())
+    times = c * np.asarray(history[-1]) + f
+    best = min(range(1, 128), key=lambda a: max(c[0] * a + f, c[1] * (128 - a) + f))
+    assert abs(history[1][0] - best) <= 1, history
+    assert history[-1] == history[1] and times.max() / times.min() < 1.03
+
+
+def test_affine_split_equalises_lines_and_checks_its_input():
+    # times 0.01 + 0.001·x and −0.02 + 0.004·x: equal at x = (1/0.005)·… → solve by hand for 100
+    x = affine_split([0.01, -0.02], [0.001, 0.004], 100, 1, None)
+    t = np.array([0.01, -0.02]) + np.array([0.001, 0.004]) * x
+    assert x.sum() == 100 and abs(t[0] - t[1]) <= 0.004 + 1e-12          # within one sample's time
+    # zero intercepts: the proportional split
+    assert affine_split([0.0, 0.0], [1.0, 2.0], 66, 1, None).tolist() == \
+        proportional_shares(66, [1.0, 0.5]).tolist()
+    assert affine_split([0.0, 0.0, 0.0], [1.0, 1.0, 1.0], 10, [4, 1, 1], None).tolist()[0] == 4
+    with pytest.raises(ValueError, match="beta"):
+        affine_split([0.0, 0.0], [1.0, 0.0], 10, 1, None)
+    with pytest.raises(ValueError, match="total"):
+        affine_split([0.0, 0.0], [1.0, 1.0], 10, 6, None)
+
+
+def test_cpu_balancer_settles_when_time_grows_faster_than_the_share():
+    """Compute time a·x^1.5 (cache effects): the proportional rule overshoots back past the
+    equal-finish split; the settling update, from the line through the measurements before and
+    after the move, lands within two samples of it."""
+    a = np.array([1e-4, 2e-4])
+
+    def times(x: np.ndarray) -> np.ndarray:
+        return a * x.astype(float) ** 1.5
+
+    best = min(range(1, 256), key=lambda v: float(times(np.array([v, 256 - v])).max()))
+    bal = CpuBalancer()
+    x = np.array([128, 128])
+    history = []
+    for _ in range(4):
+        x = bal.update(x, times(x))
+        history.append(x.tolist())
+    assert history[0] != [128, 128] and bal.last_move is None
+    assert abs(history[1][0] - best) <= 2, (history, best)
+    naive = proportional_shares(256, np.asarray(history[0]) / times(np.asarray(history[0])))
+    assert abs(int(naive[0]) - best) > abs(history[1][0] - best)
 
 
 def test_cpu_balancer_respects_bounds_and_memory():
@@ -299,6 +387,30 @@ def test_narx_uses_the_load_and_beats_the_baselines():
         p = _replay(pred, speed, share)
         rmse[name] = float(np.sqrt(np.mean((p[100:] - speed[101:]) ** 2)))
     assert rmse["narx"] < rmse["ema"] and rmse["narx"] < rmse["last"], rmse
+
+
+def test_narx_refits_less_often_in_a_steady_regime_and_again_after_a_shift():
+    fits: list[int] = []
+    seen = [0]
+    pred = NarxPredictor(refit_every=25, max_refit_every=200)
+    fit = pred._fit
+
+    def counted() -> None:
+        fits.append(seen[0])
+        fit()
+
+    pred._fit = counted  # type: ignore[method-assign]
+    rng = np.random.default_rng(0)
+    for k in range(1200):
+        seen[0] = k + 1
+        level = 100.0 if k < 900 else 40.0                    # a level shift at 900
+        pred.observe(level * (1.0 + 0.03 * rng.standard_normal()))
+    steady = [n for n in fits if n < 900]
+    gaps = np.diff(steady)
+    assert gaps[0] == 25 and gaps.max() == 200 and np.all(np.diff(gaps) >= 0), steady
+    assert len(steady) <= 9                                  # a fixed interval of 25 would fit 35 times
+    after = [n for n in fits if n >= 900]
+    assert after[0] < 930 and after[1] - after[0] <= 50, after     # the short interval again
 
 
 def test_narx_bad_load_shape():

@@ -77,13 +77,16 @@ def test_share_state_resets_rescales_and_balances(caplog: pytest.LogCaptureFixtu
     cfg = BatchConfig(2, 12)
     assert bal.shares_for(cfg, 1, None) is None and bal.outgoing_time(2) == 0.0
     assert bal.outgoing_time(1) is None                       # one replica: nothing sent
-    # step 1 is a warm-up; step 2's times arrive with step 3's packet
+    # step 1 is a warm-up; step 2's times arrive with step 3's packet; the first update of a
+    # configuration pools FIRST_WINDOW_STEPS (2) steps
     bal.after_step(cfg, (12, 12), 0.5, None, 1, None, 0, 1.0)
     assert bal.prev_used is None
     bal.after_step(cfg, (12, 12), 0.012, None, 1, None, 0, 2.0)
     assert bal.outgoing_time(2) == 0.012
+    bal.after_step(cfg, (12, 12), 0.012, (0.01, 0.02, 0.0, 0.0), 1, None, 0, 3.0)
+    assert bal.shares is None and bal.window is not None and bal.window[2] == 1   # pooled, not judged
     with caplog.at_level(logging.INFO, logger="pollux.torch"):
-        bal.after_step(cfg, (12, 12), 0.012, (0.01, 0.02, 0.0, 0.0), 1, None, 0, 3.0)
+        bal.after_step(cfg, (12, 12), 0.012, (0.01, 0.02, 0.0, 0.0), 1, None, 0, 4.0)
     assert bal.shares == (16, 8)
     assert "batch shares [12, 12] -> [16, 8]" in caplog.text
     assert 'balance {"config": [2, 12, 0]' in caplog.text
@@ -108,8 +111,9 @@ def test_straggler_warning_names_the_replica(caplog: pytest.LogCaptureFixture) -
     bal.shares_for(cfg, 2, None)
     bal.warmup = 0
     bal.after_step(cfg, (8, 8, 8), 0.01, None, 2, None, 0, 1.0)
+    bal.after_step(cfg, (8, 8, 8), 0.01, (0.01, 0.01, 1.0, 0, 0, 0), 2, None, 0, 2.0)   # pooled
     with caplog.at_level(logging.WARNING, logger="pollux.torch"):
-        bal.after_step(cfg, (8, 8, 8), 0.01, (0.01, 0.01, 1.0, 0, 0, 0), 2, None, 0, 2.0)
+        bal.after_step(cfg, (8, 8, 8), 0.01, (0.01, 0.01, 1.0, 0, 0, 0), 2, None, 0, 3.0)
     assert bal.report is not None and bal.report.stragglers == (2,)
     assert "replica 2 is a straggler" in caplog.text
 
@@ -129,6 +133,37 @@ def test_gpu_balancer_skips_times_of_shares_no_longer_in_force() -> None:
     # the next packet measured (10, 10), which are no longer in force: ignored
     bal.after_step(cfg, (15, 5), 0.01, (0.01, 0.02, 0, 0), 1, None, 0, 1.0)
     assert bal.shares == (15, 5)
+
+
+def test_cpu_window_pools_more_steps_while_the_shares_hold_and_skips_stale_times() -> None:
+    """The CPU balancer's pooling window doubles after every update that kept the shares (up to
+    BALANCE_WINDOW_MAX_S), falls back after a change, and the packet that still carries times of
+    the old shares is not judged."""
+    from pollux.torch.shares import BALANCE_WINDOW_MAX_S, BALANCE_WINDOW_S, FIRST_WINDOW_STEPS
+
+    bal = LoaderBalance()
+    bal.set_mode("cpu")
+    cfg = BatchConfig(2, 10)
+    bal.shares_for(cfg, 1, None)
+    bal.warmup = 0
+    assert bal.window_steps == FIRST_WINDOW_STEPS
+    bal.after_step(cfg, (10, 10), 0.05, None, 1, None, 0, 1.0)
+    windows = []
+    for _ in range(8):                      # equal speeds: nothing moves, the window grows
+        bal.after_step(cfg, (10, 10), 0.05, (0.05, 0.05, 0, 0), 1, None, 0, 1.0)
+        windows.append(bal.window_s)
+    assert bal.shares is None
+    assert windows[0] == BALANCE_WINDOW_S and max(windows) == BALANCE_WINDOW_MAX_S
+    assert windows == sorted(windows)
+    for _ in range(4):                      # rank 1 becomes 3x slower: a move, the window falls back
+        bal.after_step(cfg, (10, 10), 0.05, (0.05, 0.15, 0, 0), 1, None, 0, 1.0)
+        if bal.shares is not None:
+            break
+    moved = bal.shares
+    assert moved is not None and moved[0] > moved[1] and bal.window_s == BALANCE_WINDOW_S
+    # the next packet still carries times measured at (10, 10): skipped, the shares stand
+    bal.after_step(cfg, moved, 0.05, (0.05, 0.15, 0, 0), 1, None, 0, 1.0)
+    assert bal.shares == moved and bal.window is None
 
 
 def test_report_scalars_and_hints() -> None:

@@ -5,8 +5,9 @@ batch M into per-replica shares ``x_i`` (``Σ x_i = M``) at iteration boundaries
 finish their compute together; the gradients are then weighted by ``x_i / M`` so the update is still
 the mean over the whole global batch. This module holds the pure math (numpy only, no torch):
 
-* :func:`proportional_shares` / :func:`equal_shares`: integer splits of a global batch, and
-  :func:`equal_finish_split`, the real-valued balance point the simulator models;
+* share arithmetic (in ``splits.py``, re-exported here): :func:`proportional_shares`,
+  :func:`equal_shares`, :func:`affine_split`, and :func:`equal_finish_split`, the real-valued
+  balance point the simulator models;
 * :class:`GpuBalancer`: the paper's iterative algorithm (move Δ samples from the slowest to the
   fastest replica after D consistent observations; Δ = 1, D = 20 after the first oscillation);
 * :class:`CpuBalancer`: the paper's analytic algorithm (shares proportional to predicted speeds);
@@ -20,6 +21,7 @@ See ``docs/goodput.md`` ("Unequal batches") for the algorithms, their convergenc
 from __future__ import annotations
 
 import math
+from collections import deque
 from collections.abc import Callable, Sequence
 
 import numpy as np
@@ -31,6 +33,16 @@ from pollux.goodput.predictors import (
     NarxPredictor,
     SpeedPredictor,
 )
+from pollux.goodput.splits import (
+    _bounds,
+    _check_feasible,
+    affine_split,
+    check_shares,
+    equal_finish_split,
+    equal_shares,
+    proportional_shares,
+    stragglers,
+)
 
 __all__ = [
     "BALANCE_MODES",
@@ -41,7 +53,9 @@ __all__ = [
     "MovingAverage",
     "NarxPredictor",
     "SpeedPredictor",
+    "affine_split",
     "check_shares",
+    "equal_finish_split",
     "equal_shares",
     "make_balancer",
     "proportional_shares",
@@ -50,231 +64,6 @@ __all__ = [
 
 #: The accepted ``balance`` modes, in the order error messages list them.
 BALANCE_MODES: tuple[str, ...] = ("auto", "gpu", "cpu", "off")
-
-
-# --------------------------------------------------------------------------------------------
-# Share arithmetic
-# --------------------------------------------------------------------------------------------
-
-
-def _int_total(total: object) -> int:
-    if isinstance(total, bool) or not isinstance(total, (int, np.integer)):
-        raise ValueError(f"total: expected an integer number of samples, got {total!r}")
-    if int(total) < 0:
-        raise ValueError(f"total: must be non-negative, got {total}")
-    return int(total)
-
-
-def _bounds(value: ArrayLike | None, n: int, name: str, default: int) -> np.ndarray:
-    """Per-replica integer bounds from a scalar or a length-n sequence (None → ``default``)."""
-    if value is None:
-        return np.full(n, default, dtype=np.int64)
-    arr = np.asarray(value)
-    if arr.dtype == bool or arr.dtype.kind not in "iuf":
-        raise ValueError(f"{name}: expected integers, got {value!r}")
-    arr = np.broadcast_to(arr, (n,)) if arr.ndim == 0 else arr
-    if arr.shape != (n,):
-        raise ValueError(f"{name}: expected a scalar or {n} values, got shape {arr.shape}")
-    if not np.all(np.isfinite(arr)) or np.any(arr != np.round(arr)):
-        raise ValueError(f"{name}: expected finite integers, got {value!r}")
-    if np.any(arr < 0):
-        raise ValueError(f"{name}: must be non-negative, got {value!r}")
-    return arr.astype(np.int64)
-
-
-def _speeds(speeds: ArrayLike, name: str = "speeds") -> np.ndarray:
-    try:
-        arr = np.asarray(speeds)
-        if arr.dtype == bool or arr.dtype.kind not in "iuf":
-            raise TypeError
-        arr = arr.astype(np.float64)
-    except (TypeError, ValueError):
-        raise ValueError(f"{name}: expected numbers, got {speeds!r}") from None
-    if arr.ndim != 1 or arr.size == 0:
-        raise ValueError(f"{name}: expected a non-empty 1-D sequence, got shape {arr.shape}")
-    if not np.all(np.isfinite(arr)):
-        raise ValueError(f"{name}: must be finite, got {arr.tolist()}")
-    if np.any(arr < 0):
-        raise ValueError(f"{name}: must be non-negative, got {arr.tolist()}")
-    return arr
-
-
-def _check_feasible(total: int, lo: np.ndarray, hi: np.ndarray) -> None:
-    if np.any(lo > hi):
-        bad = int(np.argmax(lo > hi))
-        raise ValueError(f"lo: lower bound {int(lo[bad])} exceeds upper bound hi={int(hi[bad])} "
-                         f"for replica {bad}")
-    if int(lo.sum()) > total:
-        raise ValueError(f"lo: the lower bounds sum to {int(lo.sum())}, more than the total {total}")
-    if int(hi.sum()) < total:
-        raise ValueError(f"hi: the upper bounds sum to {int(hi.sum())}, less than the total {total}")
-
-
-def _round_to_total(target: np.ndarray, total: int, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
-    """Largest-remainder rounding of real targets (within bounds) to integers summing to ``total``.
-
-    Ties in the fractional part go to the lower rank, so the result is deterministic.
-    """
-    base = np.clip(np.floor(target + 1e-9), lo, hi).astype(np.int64)
-    frac = target - base
-    rank = np.arange(target.size)
-    remainder = total - int(base.sum())
-    while remainder != 0:  # at most a couple of passes; float slack only
-        if remainder > 0:
-            room = base < hi
-            order = np.lexsort((rank, -frac))
-            chosen = [i for i in order if room[i]][:remainder]
-            if not chosen:  # cannot happen for feasible bounds; never loop forever
-                raise ValueError(f"shares: cannot round {target.tolist()} to sum {total}")
-            base[chosen] += 1
-            frac[chosen] = frac[chosen] - 1.0
-            remainder -= len(chosen)
-        else:
-            room = base > lo
-            order = np.lexsort((-rank, frac))
-            chosen = [i for i in order if room[i]][:-remainder]
-            if not chosen:
-                raise ValueError(f"shares: cannot round {target.tolist()} to sum {total}")
-            base[chosen] -= 1
-            frac[chosen] = frac[chosen] + 1.0
-            remainder += len(chosen)
-    return base
-
-
-def _water_fill(total: float, v: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
-    """Real split ``clip(λ·v, lo, hi)`` summing to ``total`` (feasibility already checked).
-
-    Exact active-set iteration: among the free replicas, split the rest in proportion; if some fall
-    below their lower bound and some above their upper, the side with the larger total violation is
-    certainly at its bounds in the solution, so fix it and repeat (at most n rounds). Speeds are
-    scaled by their maximum first, so tiny or huge speeds cannot overflow.
-    """
-    v = v / v.max() if np.any(v > 0) else np.ones_like(v)
-    at_lo = np.zeros(v.size, dtype=bool)
-    at_hi = np.zeros(v.size, dtype=bool)
-    target = lo.copy()
-    for _ in range(v.size + 1):
-        free = ~(at_lo | at_hi)
-        if not np.any(free):
-            break
-        rest = total - float(lo[at_lo].sum()) - float(hi[at_hi].sum())
-        weight = np.where(free, v, 0.0)
-        if not weight.sum() > 0:
-            weight = free.astype(np.float64)  # only zero speeds left: split the rest evenly
-        target = np.where(at_lo, lo, np.where(at_hi, hi, rest * weight / weight.sum()))
-        below = free & (target < lo)
-        above = free & (target > hi)
-        if not (np.any(below) or np.any(above)):
-            break
-        if float((lo - target)[below].sum()) >= float((target - hi)[above].sum()):
-            at_lo |= below
-        else:
-            at_hi |= above
-    return np.clip(target, lo, hi)
-
-
-def equal_finish_split(speeds: ArrayLike, alpha: float, beta: float, total: float, lo: ArrayLike,
-                       hi: ArrayLike) -> tuple[np.ndarray, float]:
-    """Real shares ``x`` (Σ x = ``total``, ``lo ≤ x ≤ hi``) minimising the slowest ``(alpha + beta·x_i)/f_i``.
-
-    The balance point of LB-BSP when replica i computes a share x in ``(alpha + beta·x)/f_i``; returns
-    the shares and that slowest time. At the optimum ``x_i = clip((f_i·τ − alpha)/beta, lo_i, hi_i)``;
-    shifted by ``c = alpha/beta`` that is ``x_i + c = clip(f_i·τ/beta, lo_i + c, hi_i + c)``, the bounded
-    proportional split that :func:`proportional_shares` uses, of ``total + n·c``. One solver serves
-    both. Needs ``alpha ≥ 0``, ``beta > 0``, speeds > 0 and ``Σ lo ≤ total ≤ Σ hi``; ``lo``/``hi`` are
-    scalars or per-replica arrays.
-    """
-    f = np.asarray(speeds, dtype=np.float64)
-    if not (math.isfinite(alpha) and alpha >= 0):
-        raise ValueError(f"alpha: must be finite and >= 0, got {alpha}")
-    if not (math.isfinite(beta) and beta > 0):
-        raise ValueError(f"beta: must be finite and > 0, got {beta}")
-    if f.ndim != 1 or f.size == 0 or not np.all(np.isfinite(f) & (f > 0)):
-        raise ValueError(f"speeds: expected positive finite numbers, got {f.tolist()}")
-    lo_arr = np.broadcast_to(np.asarray(lo, dtype=np.float64), f.shape)
-    hi_arr = np.broadcast_to(np.asarray(hi, dtype=np.float64), f.shape)
-    if not (lo_arr.sum() - 1e-9 <= total <= hi_arr.sum() + 1e-9):
-        raise ValueError(f"total: {total} is outside [{lo_arr.sum():g}, {hi_arr.sum():g}] "
-                         f"for {f.size} replicas")
-    c = alpha / beta
-    x = _water_fill(float(total) + f.size * c, f, lo_arr + c, hi_arr + c) - c
-    return x, float(np.max((alpha + beta * x) / f))
-
-
-def proportional_shares(
-    total: int, speeds: ArrayLike, lo: ArrayLike | None = 1, hi: ArrayLike | None = None
-) -> np.ndarray:
-    """Integer shares of ``total`` proportional to ``speeds``, each within ``[lo_i, hi_i]``.
-
-    The real-valued split is ``clip(λ·v_i, lo_i, hi_i)`` with λ chosen so it sums to ``total``
-    (bounded water-filling: replicas at a bound keep it, the others share the rest in proportion),
-    then rounded by largest remainder with ties to the lower rank. ``lo`` and ``hi`` are scalars or
-    per-replica sequences (``hi=None``: no upper bound). A replica with speed 0 gets ``lo``. If all
-    speeds are 0 the split is as equal as the bounds allow.
-
-    Raises ``ValueError`` naming ``total``, ``speeds``, ``lo`` or ``hi`` when the input is malformed
-    or no split can satisfy the bounds (``Σ lo > total`` or ``Σ hi < total``).
-    """
-    total = _int_total(total)
-    v = _speeds(speeds)
-    n = v.size
-    lo_arr = _bounds(lo, n, "lo", 0)
-    hi_arr = _bounds(hi, n, "hi", total)
-    _check_feasible(total, lo_arr, hi_arr)
-    target = _water_fill(float(total), v, lo_arr.astype(np.float64), hi_arr.astype(np.float64))
-    return _round_to_total(target, total, lo_arr, hi_arr)
-
-
-def equal_shares(total: int, replicas: int) -> np.ndarray:
-    """The split used when balancing is off: as equal as possible, the larger shares first.
-
-    ``equal_shares(K·m, K)`` is ``[m] * K``, the agent's split before balancing existed.
-    """
-    total = _int_total(total)
-    if isinstance(replicas, bool) or not isinstance(replicas, (int, np.integer)) or replicas < 1:
-        raise ValueError(f"replicas: expected a positive integer, got {replicas!r}")
-    q, r = divmod(total, int(replicas))
-    return np.array([q + 1] * r + [q] * (int(replicas) - r), dtype=np.int64)
-
-
-def check_shares(shares: ArrayLike, total: int | None = None, lo: ArrayLike | None = None,
-                 hi: ArrayLike | None = None) -> np.ndarray:
-    """Validate user- or peer-supplied shares; returns them as an int64 array.
-
-    Raises ``ValueError`` naming ``shares`` (not integers, negative, wrong sum) or the bound.
-    """
-    arr = np.asarray(shares)
-    if arr.ndim != 1 or arr.size == 0:
-        raise ValueError(f"shares: expected a non-empty 1-D sequence of integers, got {shares!r}")
-    if arr.dtype == bool or arr.dtype.kind not in "iuf" or not np.all(np.isfinite(arr)) \
-            or np.any(arr != np.round(arr)):
-        raise ValueError(f"shares: expected integers, got {shares!r}")
-    out = arr.astype(np.int64)
-    if np.any(out < 0):
-        raise ValueError(f"shares: must be non-negative, got {out.tolist()}")
-    if total is not None and int(out.sum()) != int(total):
-        raise ValueError(f"shares: sum to {int(out.sum())}, expected the global batch {total}")
-    if lo is not None:
-        lo_arr = _bounds(lo, out.size, "lo", 0)
-        if np.any(out < lo_arr):
-            raise ValueError(f"shares: {out.tolist()} below the lower bounds lo={lo_arr.tolist()}")
-    if hi is not None:
-        hi_arr = _bounds(hi, out.size, "hi", 0)
-        if np.any(out > hi_arr):
-            raise ValueError(f"shares: {out.tolist()} above the upper bounds hi={hi_arr.tolist()}")
-    return out
-
-
-def stragglers(shares: ArrayLike, lo: ArrayLike = 1) -> list[int]:
-    """Ranks whose share has fallen to the minimum ``lo``: stragglers the user should remove.
-
-    Only meaningful with more than one replica; a single replica is never a straggler.
-    """
-    arr = check_shares(shares)
-    if arr.size < 2:
-        return []
-    lo_arr = _bounds(lo, arr.size, "lo", 0)
-    return [int(i) for i in np.flatnonzero(arr <= lo_arr)]
 
 
 def _step_times(step_times: ArrayLike, n: int) -> np.ndarray:
@@ -402,6 +191,9 @@ class GpuBalancer:
         return out
 
 
+#: The noise prior counts as this many prediction errors (:attr:`CpuBalancer.noise`).
+PRIOR_WEIGHT = 8
+
 class CpuBalancer:
     """The paper's CPU algorithm (Alg. 1): shares proportional to each replica's predicted speed.
 
@@ -409,30 +201,90 @@ class CpuBalancer:
     times need ``x_i ∝ v_i``; the speed of the next iteration is predicted per replica by a
     :class:`SpeedPredictor` made by ``predictor_factory`` (default: :class:`NarxPredictor`). One
     update suffices when speeds are steady; how fast it follows a change is the predictor's.
+
+    Measured speeds are noisy (a few % per step on a shared machine), and a move the noise caused
+    costs real time: the step waits for the replica that got more. So a change has to earn its
+    place. The predictors' proposal is taken when it is predicted to shorten the step by more than
+    the dead band, ``max(tolerance, noise_factor · noise)``, with ``noise`` the robust scale of the
+    predictors' recent relative errors. The update after such a move *settles* it: it takes the
+    split proportional to the speeds just measured at the new shares if that promises more than
+    ``tolerance``; with per-step costs that do not grow with the batch, ``x ∝ v``
+    is a fixed-point iteration that needs that one more measurement to land near the equal-finish
+    split. Otherwise a smaller correction is made only on evidence: the speeds
+    measured since the shares last changed, averaged over ``n`` updates, must predict a gain above
+    ``max(tolerance, evidence_z · noise / √n)``. Equally fast replicas therefore stay put, a lasting
+    imbalance is followed at once, and a small one (a few %) is corrected once enough steps show it.
     """
 
     mode = "cpu"
 
     def __init__(self, predictor_factory: Callable[[], SpeedPredictor] | None = None,
-                 tolerance: float = 0.015) -> None:
+                 tolerance: float = 0.005, noise_factor: float = 1.0, noise_window: int = 50,
+                 prior_noise: float = 0.2, evidence_z: float = 2.0) -> None:
         if not (math.isfinite(tolerance) and 0.0 <= tolerance < 1.0):
             raise ValueError(f"tolerance: expected a fraction in [0, 1), got {tolerance!r}")
+        if not (math.isfinite(noise_factor) and noise_factor >= 0.0):
+            raise ValueError(f"noise_factor: expected a non-negative number, got {noise_factor!r}")
+        if not (math.isfinite(evidence_z) and evidence_z >= 0.0):
+            raise ValueError(f"evidence_z: expected a non-negative number, got {evidence_z!r}")
+        if not (math.isfinite(prior_noise) and prior_noise >= 0.0):
+            raise ValueError(f"prior_noise: expected a non-negative fraction, got {prior_noise!r}")
+        if isinstance(noise_window, bool) or int(noise_window) != noise_window or noise_window < 8:
+            raise ValueError(f"noise_window: expected an integer >= 8, got {noise_window!r}")
         self.predictor_factory: Callable[[], SpeedPredictor] = (
             predictor_factory if predictor_factory is not None else NarxPredictor)
-        #: Keep the current shares unless the new ones are predicted to shorten the step by more than
-        #: this fraction: on equally fast replicas the predicted speeds differ by noise only, and
-        #: chasing it costs more (a new data iterator, a step that waits for the larger share) than
-        #: it could gain.
+        #: The least predicted gain (a fraction of the step) worth a change of shares (class doc).
         self.tolerance = float(tolerance)
+        self.evidence_z = float(evidence_z)
+        self.noise_factor = float(noise_factor)
+        #: The noise assumed until 8 prediction errors were seen (the first updates of a run).
+        self.prior_noise = float(prior_noise)
         self.predictors: list[SpeedPredictor] = []
         self.predicted_speeds = np.zeros(0)
         self.predicted_step_time = math.nan
+        #: Recent relative errors |measured / predicted − 1| of every replica's speed prediction.
+        self._errors: deque[float] = deque(maxlen=int(noise_window))
+        self._errors_seen = 0
+        #: The shares in force since the last change, the sum of the speeds measured with them and
+        #: how many updates that sum holds (the evidence for a small correction).
+        self._held: tuple[int, ...] | None = None
+        self._speed_sum = np.zeros(0)
+        self._held_n = 0
+        #: The shares held before the last change and the mean speeds measured with them (the
+        #: settling update's second point).
+        self._before: tuple[np.ndarray, np.ndarray] | None = None
+        self._settling = False  # the previous update made a move beyond the dead band
+        #: Why the last update changed the shares: "predicted" (beyond the dead band), "settled" (the
+        #: update after such a move) or "evidence" (a small correction); None: it kept them.
+        self.last_move: str | None = None
+
+    @property
+    def noise(self) -> float:
+        """Robust scale of the predictors' recent relative errors (1.4826 × their median absolute
+        value: the standard deviation for normal errors, unmoved by a few bursts or a level shift),
+        shrunk towards ``prior_noise`` as if the prior were 8 more errors (of all seen): a handful of
+        errors can look quiet by chance, and a band trusted too early lets the noise move the shares."""
+        k = self._errors_seen
+        if k == 0:
+            return self.prior_noise
+        measured = 1.4826 * float(np.median(np.fromiter(self._errors, dtype=np.float64)))
+        return (k * measured + PRIOR_WEIGHT * self.prior_noise) / (k + PRIOR_WEIGHT)
+
+    @property
+    def dead_band(self) -> float:
+        """The predicted relative gain a change of shares must exceed (see ``tolerance``)."""
+        return max(self.tolerance, self.noise_factor * self.noise)
 
     def reset(self) -> None:
         """Forget all predictors (call when the replica set changes)."""
         self.predictors = []
         self.predicted_speeds = np.zeros(0)
         self.predicted_step_time = math.nan
+        self._errors.clear()
+        self._errors_seen = 0
+        self._held, self._speed_sum, self._held_n = None, np.zeros(0), 0
+        self._before = None
+        self._settling = False
 
     def update(self, shares: ArrayLike, step_times: ArrayLike, lo: ArrayLike = 1,
                hi: ArrayLike | None = None, memory_ok: Sequence[bool] | None = None,
@@ -455,21 +307,96 @@ class CpuBalancer:
         if len(self.predictors) != n:
             self.predictors = [self.predictor_factory() for _ in range(n)]
         speeds = np.empty(n)
+        measured = np.where(x > 0, x / t, 0.0)
+        before = self.predicted_speeds if self.predicted_speeds.size == n else None
         for i, pred in enumerate(self.predictors):
             if x[i] > 0:
-                pred.observe(float(x[i]) / float(t[i]), None if loads is None else loads[i])
+                if before is not None and before[i] > 0:
+                    self._errors.append(abs(float(measured[i]) / float(before[i]) - 1.0))
+                    self._errors_seen += 1
+                pred.observe(float(measured[i]), None if loads is None else loads[i])
             speeds[i] = pred.predict()
+        held = tuple(int(v) for v in x)
+        if held == self._held:
+            self._speed_sum, self._held_n = self._speed_sum + measured, self._held_n + 1
+        else:
+            if self._held is not None and len(self._held) == n and self._held_n > 0:
+                self._before = (np.asarray(self._held, dtype=np.float64), self._speed_sum / self._held_n)
+            self._held, self._speed_sum, self._held_n = held, measured, 1
         if not np.all(np.isfinite(speeds) & (speeds > 0)):
             speeds = np.where(np.isfinite(speeds) & (speeds > 0), speeds, 0.0)
         out = proportional_shares(total, speeds, lo_arr, hi_arr)
         self.predicted_speeds = speeds
         new_time = _predicted_time(out, speeds)
-        if not np.array_equal(out, x) and np.all((x >= lo_arr) & (x <= hi_arr)):
+        settling, self._settling = self._settling, False
+        feasible = bool(np.all((x >= lo_arr) & (x <= hi_arr)))
+        reason = "predicted"
+        if settling and feasible:
+            reason = "settled"
+            out, new_time = self._refine(x, speeds, total, lo_arr, hi_arr, _predicted_time(x, speeds),
+                                         measured, 1, settle=True)
+            # A large settling move (a level shift the predictors have not caught up with) is
+            # followed by another settling update; a small one ends the settling.
+            self._settling = not np.array_equal(out, x) and (
+                _predicted_time(out, measured) < _predicted_time(x, measured) * (1.0 - self.dead_band))
+        elif not np.array_equal(out, x) and feasible:
             old_time = _predicted_time(x, speeds)
-            if new_time >= old_time * (1.0 - self.tolerance):
-                out, new_time = x.copy(), old_time
+            if new_time >= old_time * (1.0 - self.dead_band):
+                reason = "evidence"
+                out, new_time = self._refine(x, speeds, total, lo_arr, hi_arr, old_time,
+                                             self._speed_sum, self._held_n)
+            else:
+                self._settling = True
+        self.last_move = None if np.array_equal(out, x) else reason
         self.predicted_step_time = new_time
         return out
+
+    def _secant_split(self, x: np.ndarray, speeds: np.ndarray, total: int, lo: np.ndarray,
+                      hi: np.ndarray) -> np.ndarray | None:
+        """The settling split from two measurements per replica: the speeds before the last move
+        and just after it give each replica's compute time as a line through both points, so the
+        split equalises those lines instead of assuming time ∝ share (which lands short when a
+        per-step cost does not grow with the batch, and overshoots when the time grows faster than
+        it). A replica whose share hardly moved (< 10 %), or whose line does not rise, keeps the
+        proportional model ``t = x / v``; None when no replica has a usable line."""
+        if self._before is None or self._before[0].size != x.size:
+            return None
+        x_old, v_old = self._before
+        x_new = x.astype(np.float64)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            t_old = np.where(v_old > 0, x_old / v_old, np.nan)
+            t_new = np.where(speeds > 0, x_new / speeds, np.nan)
+            slope = (t_new - t_old) / (x_new - x_old)
+        usable = (np.abs(x_new - x_old) >= 0.1 * np.maximum(x_new, 1.0)) & np.isfinite(slope) & (slope > 0)
+        if not np.any(usable) or not np.all(np.isfinite(t_new)):
+            return None
+        beta = np.where(usable, slope, t_new / np.maximum(x_new, 1.0))
+        alpha = np.where(usable, t_new - slope * x_new, 0.0)
+        try:
+            return affine_split(alpha, beta, total, lo, hi)
+        except ValueError:
+            return None
+
+    def _refine(self, x: np.ndarray, speeds: np.ndarray, total: int, lo: np.ndarray, hi: np.ndarray,
+                old_time: float, speed_sum: np.ndarray, n: int, settle: bool = False
+                ) -> tuple[np.ndarray, float]:
+        """A correction inside the dead band from measured speeds (``speed_sum`` over ``n`` updates):
+        when ``settle`` (the update after a move), on the speeds just measured at the new shares,
+        for any gain above ``tolerance``; otherwise the speeds measured since the last change must
+        show a gain above ``max(tolerance, evidence_z · noise / √n)`` (class doc)."""
+        keep = (x.copy(), old_time)
+        if n < (1 if settle else 2) or speed_sum.size != x.size:
+            return keep
+        mean = speed_sum / n
+        candidate = (self._secant_split(x, mean, total, lo, hi) if settle else None)
+        if candidate is None:
+            candidate = proportional_shares(total, mean, lo, hi)
+        if np.array_equal(candidate, x):
+            return keep
+        gain = 1.0 - _predicted_time(candidate, mean) / _predicted_time(x, mean)
+        need = self.tolerance if settle else max(self.tolerance,
+                                                 self.evidence_z * self.noise / math.sqrt(n))
+        return (candidate, _predicted_time(candidate, speeds)) if gain > need else keep
 
 
 def _predicted_time(shares: np.ndarray, speeds: np.ndarray) -> float:

@@ -13,6 +13,8 @@ from typing import Any, Protocol
 import numpy as np
 from numpy.typing import ArrayLike
 
+from pollux.goodput.threads import limit_blas_threads
+
 
 class SpeedPredictor(Protocol):
     """Predicts a replica's next sample-processing speed (samples/s) from its history."""
@@ -92,8 +94,11 @@ class NarxPredictor:
 
     ``log v(k+1) = F(log v(k), …, log v(k−lags+1), c(k), …, c(k−lags))`` with ``c`` the load vector
     observed with each speed (``load=None``: speeds only). F is an sklearn ``MLPRegressor`` (tanh,
-    ``hidden`` units, fixed ``random_state``: deterministic for a seed), refitted every
-    ``refit_every`` observations on the last ``max_history``; the forward pass runs in numpy.
+    ``hidden`` units, fixed ``random_state``: deterministic for a seed), refitted on the last
+    ``max_history`` observations; the forward pass runs in numpy. Refits come ``refit_every``
+    observations apart at first; the interval doubles after each refit, up to ``max_refit_every``,
+    and starts again at ``refit_every`` after a level shift: a steady regime needs no fresh fit every
+    few iterations, and each fit costs milliseconds on the training thread.
 
     Robustness, because a bad prediction moves real work between replicas:
 
@@ -111,9 +116,13 @@ class NarxPredictor:
 
     def __init__(self, lags: int = 2, hidden: int = 8, seed: int = 0, min_history: int = 50,
                  refit_every: int = 25, max_history: int = 500, alpha: float = 0.2,
-                 shift_tolerance: float = 0.25, l2: float = 1.0, cooldown: int = 10) -> None:
+                 shift_tolerance: float = 0.25, l2: float = 1.0, cooldown: int = 10,
+                 max_refit_every: int | None = None) -> None:
+        if max_refit_every is None:
+            max_refit_every = 8 * int(refit_every)
         for name, value, least in (("lags", lags, 1), ("hidden", hidden, 1),
-                                   ("refit_every", refit_every, 1), ("cooldown", cooldown, 1)):
+                                   ("refit_every", refit_every, 1), ("cooldown", cooldown, 1),
+                                   ("max_refit_every", max_refit_every, int(refit_every))):
             if isinstance(value, bool) or int(value) != value or value < least:
                 raise ValueError(f"{name}: expected an integer >= {least}, got {value!r}")
         if int(min_history) < lags + 8:
@@ -125,6 +134,8 @@ class NarxPredictor:
         self.seed = int(seed)
         self.min_history = int(min_history)
         self.refit_every = int(refit_every)
+        self.max_refit_every = int(max_refit_every)
+        self._interval = self.refit_every  # observations until the next scheduled refit
         self.cooldown = int(cooldown)
         self.max_history = int(max_history)
         self.shift_tolerance = float(shift_tolerance)
@@ -175,8 +186,10 @@ class NarxPredictor:
         self._logv.append(math.log(s))
         self._load.append(vec)
         self._since_fit += 1
-        if len(self._logv) >= self.min_history and (self._net is None or refit_now
-                                                    or self._since_fit >= self.refit_every):
+        scheduled = self._since_fit >= self._interval
+        if len(self._logv) >= self.min_history and (self._net is None or refit_now or scheduled):
+            if scheduled and self._net is not None:
+                self._interval = min(2 * self._interval, self.max_refit_every)
             self._fit()
         self._last_pred = self._predict()
 
@@ -205,7 +218,7 @@ class NarxPredictor:
         y_mu, y_sd = float(y.mean()), max(float(y.std()), 1e-6)
         if self._model is None:
             self._model = MLPRegressor(hidden_layer_sizes=(self.hidden,), activation="tanh",
-                                       solver="lbfgs", alpha=self.l2, max_iter=200,
+                                       solver="lbfgs", alpha=self.l2, max_iter=80,
                                        random_state=self.seed, warm_start=True)
         else:
             # Refits start from the previous weights (a warm start: the scaling moves a little
@@ -214,11 +227,12 @@ class NarxPredictor:
         net = self._model
         import warnings
 
-        from threadpoolctl import threadpool_limits  # an sklearn dependency
-
         # One BLAS thread: the problem is tiny, and threads spinning on a busy machine (other
-        # replicas on the same cores) made each fit ~50x slower in measurements.
-        with warnings.catch_warnings(), threadpool_limits(limits=1):
+        # replicas on the same cores) made each fit ~50x slower in measurements. The kept limit of
+        # goodput.threads, not a threadpool_limits context: that lists the loaded libraries on
+        # every call (~2.4 ms, more than the refit itself).
+        limit_blas_threads()
+        with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # lbfgs hitting max_iter is fine for a predictor
             net.fit((x - mu) / sd, (y - y_mu) / y_sd)
         span = x.max(axis=0) - x.min(axis=0)
@@ -257,6 +271,7 @@ class NarxPredictor:
             # ``cooldown`` observations, then refit on them.
             self._cooldown = self.cooldown
             self._misses.clear()
+            self._interval = self.refit_every
         if self._cooldown > 0:
             return math.exp(logv[-1])
         return self._net_pred

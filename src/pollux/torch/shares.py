@@ -52,6 +52,16 @@ WARMUP_STEPS = 1
 #: than it gains (the CPU algorithm's NARX predictor refits a small network every 25 updates) and
 #: would follow every noisy step; steps longer than this update at every step, as in the paper.
 BALANCE_WINDOW_S = 0.02
+#: The CPU balancer's window doubles after every update that kept the shares, up to this much, and
+#: falls back to :data:`BALANCE_WINDOW_S` when the shares change: in a steady state each update costs
+#: (two speed predictions, a split) without gaining anything, and a longer window averages the step
+#: times' noise; a change of speed still shows within a few steps.
+BALANCE_WINDOW_MAX_S = 0.08
+#: The CPU balancer's first update of a configuration, and its first after a change of shares, pools
+#: at least this many steps: the first move is the largest (from equal shares straight to the
+#: proportional ones) and the next one settles it, and one step's times carry a few % of noise on a
+#: shared machine, which the dead band would then leave in place.
+FIRST_WINDOW_STEPS = 2
 #: A replica whose device memory use is above this fraction may not grow its share (GPU algorithm).
 MEMORY_FRACTION = 0.95
 
@@ -128,6 +138,8 @@ class LoaderBalance:
     warned: set[int] = field(default_factory=set)
     warmup: int = 0                               # steps of a new configuration not yet timed
     window: tuple[tuple[int, ...], np.ndarray, int] | None = None   # (shares, summed times, steps)
+    window_s: float = BALANCE_WINDOW_S            # compute seconds pooled per update (see above)
+    window_steps: int = 1                         # and at least this many steps
 
     def set_mode(self, mode: Any, *, name: str = "balance") -> None:
         self.mode = parse_mode(mode, name=name)
@@ -168,6 +180,8 @@ class LoaderBalance:
                 self.prev_used = None
             self.shares, self.key = (None if new is None or len(set(new)) == 1 else new), (k, m)
             self.warmup = WARMUP_STEPS
+            self.window_s = BALANCE_WINDOW_S
+            self.window_steps = FIRST_WINDOW_STEPS if isinstance(self.balancer, CpuBalancer) else 1
         return self.shares
 
     def outgoing_time(self, replicas: int) -> float | None:
@@ -198,18 +212,20 @@ class LoaderBalance:
         times = np.asarray(step_times[:k], dtype=np.float64)
         if not np.all(np.isfinite(times) & (times > 0)) or sum(prev) != k * cfg.local_bsz:
             return
-        # The GPU algorithm moves shares step by step: judge only shares that are still in force.
-        if not isinstance(self.balancer, CpuBalancer) and used is not None and prev != used:
+        # Judge only shares still in force: the times of the step before a change (they arrive one
+        # step late) would be weighed against the shares it had, and move the new ones again.
+        if prev != (self.shares if self.shares is not None else (cfg.local_bsz,) * k):
+            self.window = None
             return
-        # Steps with the same shares are pooled until they add up to BALANCE_WINDOW_S.
+        # Steps with the same shares are pooled until they add up to the window (window_s).
         if self.window is not None and self.window[0] == prev:
             summed, steps = self.window[1] + times, self.window[2] + 1
         else:
             summed, steps = times, 1
-        if float(summed.max()) < BALANCE_WINDOW_S:
+        if float(summed.max()) < self.window_s or steps < self.window_steps:
             self.window = (prev, summed, steps)
             return
-        self.window = None
+        self.window, self.window_steps = None, 1
         times = summed / steps
         memory_ok = [bool(f < 0.5) for f in step_times[k:2 * k]]
         hi_eff = hi if hi is not None else k * cfg.local_bsz
@@ -221,18 +237,25 @@ class LoaderBalance:
                                     float(self.balancer.predicted_step_time), slow)
         if new != current:
             self.shares = None if len(set(new)) == 1 else new
+            self.window_s = BALANCE_WINDOW_S
+            if isinstance(self.balancer, CpuBalancer):
+                self.window_steps = FIRST_WINDOW_STEPS
             if rank == 0:
                 self._log_change(cfg, current, progress)
+        elif isinstance(self.balancer, CpuBalancer):
+            self.window_s = min(2.0 * self.window_s, BALANCE_WINDOW_MAX_S)
         self._warn_stragglers(slow, lo, rank)
 
     def _log_change(self, cfg: BatchConfig, old: tuple[int, ...], progress: float) -> None:
         rep = self.report
         assert rep is not None
-        logger.info("batch shares %s -> %s (%s balancer, local batch %d on %d replicas): compute times "
+        reason = getattr(self.balancer, "last_move", None)
+        logger.info("batch shares %s -> %s (%s balancer%s, local batch %d on %d replicas): compute times "
                     "%s ms measured, %.1f ms predicted", list(old), list(rep.shares), rep.mode,
-                    cfg.local_bsz, cfg.replicas, [round(t * 1e3, 2) for t in rep.step_times],
-                    rep.predicted_step_time * 1e3)
+                    f", {reason}" if reason else "", cfg.local_bsz, cfg.replicas,
+                    [round(t * 1e3, 2) for t in rep.step_times], rep.predicted_step_time * 1e3)
         payload = {"config": cfg.to_list(), "from": list(old), "to": list(rep.shares), "mode": rep.mode,
+                   "reason": reason,
                    "step_times": list(rep.step_times),
                    "predicted_step_time": rep.predicted_step_time
                    if math.isfinite(rep.predicted_step_time) else None,
