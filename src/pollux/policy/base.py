@@ -28,12 +28,23 @@ Allocation = dict[str, dict[str, int]]
 PolicyState = dict[str, Any]
 
 
+#: The GPU type of every node of a cluster built without types (a homogeneous cluster).
+DEFAULT_GPU_TYPE = "gpu"
+
+
 @dataclass(frozen=True, slots=True)
 class Cluster:
-    """Nodes with stable string ids and their GPU counts (GPU types come later, SPEC §10)."""
+    """Nodes with stable string ids, their GPU counts and their GPU types (SPEC §10).
+
+    ``types[i]`` is node i's GPU type (a short name such as ``"aws"`` or ``"a100"``); an empty
+    ``types`` means every node has :data:`DEFAULT_GPU_TYPE`, the homogeneous case, which behaves
+    exactly as before types existed. Every node of one type is taken to have the same GPU model;
+    nodes of a type may still differ in GPU count.
+    """
 
     nodes: tuple[str, ...]
     gpus: tuple[int, ...]
+    types: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if len(self.nodes) != len(self.gpus):
@@ -42,12 +53,19 @@ class Cluster:
             raise ValueError("nodes: node ids must be unique")
         if any(g < 0 for g in self.gpus):
             raise ValueError("gpus: GPU counts must be >= 0")
+        if self.types and len(self.types) != len(self.nodes):
+            raise ValueError(f"types: {len(self.types)} entries for {len(self.nodes)} nodes")
+        if any(not isinstance(t, str) or not t for t in self.types):
+            raise ValueError("types: GPU types must be non-empty strings")
 
     @classmethod
-    def uniform(cls, num_nodes: int, gpus_per_node: int, prefix: str = "node") -> Cluster:
+    def uniform(cls, num_nodes: int, gpus_per_node: int, prefix: str = "node",
+                gpu_type: str | None = None) -> Cluster:
+        """``num_nodes`` nodes of ``gpus_per_node`` GPUs (of ``gpu_type``; None: untyped)."""
         width = len(str(max(num_nodes - 1, 0)))
         return cls(tuple(f"{prefix}-{i:0{width}d}" for i in range(num_nodes)),
-                   (int(gpus_per_node),) * num_nodes)
+                   (int(gpus_per_node),) * num_nodes,
+                   () if gpu_type is None else (str(gpu_type),) * num_nodes)
 
     @property
     def num_nodes(self) -> int:
@@ -62,6 +80,37 @@ class Cluster:
 
     def index(self) -> dict[str, int]:
         return {n: i for i, n in enumerate(self.nodes)}
+
+    @property
+    def node_types(self) -> tuple[str, ...]:
+        """The GPU type of every node (:data:`DEFAULT_GPU_TYPE` for an untyped cluster)."""
+        return self.types if self.types else (DEFAULT_GPU_TYPE,) * len(self.nodes)
+
+    @property
+    def type_names(self) -> tuple[str, ...]:
+        """The GPU types present, in order of first appearance."""
+        return tuple(dict.fromkeys(self.node_types))
+
+    @property
+    def heterogeneous(self) -> bool:
+        """More than one GPU type."""
+        return len(self.type_names) > 1
+
+    def type_index(self) -> np.ndarray:
+        """Per node, the position of its type in :attr:`type_names` (an int array)."""
+        pos = {t: i for i, t in enumerate(self.type_names)}
+        return np.fromiter((pos[t] for t in self.node_types), dtype=np.int64, count=len(self.nodes))
+
+    def type_capacity(self) -> dict[str, int]:
+        """Total GPUs per type, in :attr:`type_names` order."""
+        out = dict.fromkeys(self.type_names, 0)
+        for t, g in zip(self.node_types, self.gpus, strict=True):
+            out[t] += int(g)
+        return out
+
+    def nodes_of_type(self, gpu_type: str) -> np.ndarray:
+        """Indices of the nodes of ``gpu_type`` (empty if there are none)."""
+        return np.flatnonzero(np.asarray(self.node_types, dtype=object) == gpu_type)
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,6 +135,8 @@ class JobView:
     GPUs per node. ``model``/``limits`` are the job's *fitted* goodput model and batch limits (None
     until the job has reported one). ``max_replicas_seen`` feeds the exploration cap. ``fixed`` is
     (replicas, batch size) for rigid jobs (baseline policies). ``oracle`` is simulator-only.
+    ``type_models``/``type_limits`` hold them per GPU type for type-aware policies
+    (:meth:`model_for`, :meth:`limits_for`).
     """
 
     id: str
@@ -103,6 +154,12 @@ class JobView:
     fixed: tuple[int, int] | None = None
     oracle: Oracle | None = None
     application: str | None = None
+    #: Per GPU type, the job's goodput model on that type (throughput fitted from what it ran there,
+    #: bootstrapped from a short 1-GPU profile; the gradient statistics are the job's) and its batch
+    #: limits there (memory differs by type). Given to type-aware policies only; None: ``model`` and
+    #: ``limits`` hold for every type (a homogeneous cluster or a type-unaware policy).
+    type_models: Mapping[str, GoodputModel] | None = None
+    type_limits: Mapping[str, BatchLimits] | None = None
 
     @property
     def num_replicas(self) -> int:
@@ -111,6 +168,18 @@ class JobView:
     @property
     def running(self) -> bool:
         return self.num_replicas > 0
+
+    def model_for(self, gpu_type: str) -> GoodputModel | None:
+        """The goodput model on ``gpu_type``: ``type_models[gpu_type]`` when given, else ``model``."""
+        if self.type_models is not None and gpu_type in self.type_models:
+            return self.type_models[gpu_type]
+        return self.model
+
+    def limits_for(self, gpu_type: str) -> BatchLimits | None:
+        """The batch limits on ``gpu_type``: ``type_limits[gpu_type]`` when given, else ``limits``."""
+        if self.type_limits is not None and gpu_type in self.type_limits:
+            return self.type_limits[gpu_type]
+        return self.limits
 
 
 class Policy(Protocol):

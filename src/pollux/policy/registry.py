@@ -11,6 +11,8 @@ Capabilities:
   ``"rigid"`` (the user's replicas and batch size: Tiresias, FIFO).
 * ``needs_oracle`` — it reads :class:`pollux.policy.base.Oracle`, knowledge only a simulator has, so
   the live service cannot run it.
+* ``type_aware`` — it reads per-GPU-type models (``JobView.type_models``); the others see a
+  heterogeneous cluster as one pool of GPUs.
 """
 
 from __future__ import annotations
@@ -58,6 +60,9 @@ class PolicyInfo:
     factory: Callable[..., Policy]
     #: Compared in ``pollux simulate`` when no ``--policy`` is given (the published comparison).
     default_compare: bool = True
+    #: It reads ``JobView.type_models``/``type_limits`` (per-GPU-type models); callers fill them only
+    #: for such policies. A type-unaware policy sees the cluster as one pool.
+    type_aware: bool = False
 
     @property
     def live(self) -> bool:
