@@ -337,5 +337,5 @@ def test_a_round_reads_every_jobs_hints_with_one_query(store, monkeypatch):
     Scheduler(store, CLUSTER).run_round(100.0)
     assert calls == [1]
     got = original(f"j{i:03d}" for i in range(30))
-    assert sorted(got) == [f"j{i:03d}" for i in range(0, 30, 3)] and got["j003"]["version"] == 1
+    assert sorted(got) == [f"j{i:03d}" for i in range(0, 30, 3)] and got["j003"]["version"] == 2
     assert original([]) == {} and original(["nope"]) == {}

@@ -19,6 +19,7 @@ from pollux.hints import (
     build_hints,
     hints_path,
     hints_to_model,
+    hints_to_type_models,
     load_schema,
     validate_hints,
 )
@@ -39,9 +40,10 @@ def test_schema_is_valid_draft_2020_12_and_shipped_in_package():
     schema = load_schema()
     jsonschema.Draft202012Validator.check_schema(schema)
     assert schema["$schema"].endswith("/draft/2020-12/schema")
-    assert SCHEMA_PATH.name == "hints-v1.json" and SCHEMA_PATH.parent.parent.name == "pollux"
-    # Every field is required except the optional LB-BSP "balance" object (issue 12).
-    assert set(schema["required"]) == set(schema["properties"]) - {"balance"}
+    assert SCHEMA_PATH.name == "hints-v2.json" and SCHEMA_PATH.parent.parent.name == "pollux"
+    # Every field is required except the optional LB-BSP "balance" object (issue 12) and the GPU
+    # type fields of version 2 (issue 13).
+    assert set(schema["required"]) == set(schema["properties"]) - {"balance", "gpu_type", "types"}
 
 
 def test_build_hints_round_trips_through_json_and_schema():
@@ -50,7 +52,7 @@ def test_build_hints_round_trips_through_json_and_schema():
     text = json.dumps(hints, allow_nan=False)
     again = validate_hints(json.loads(text))
     assert again == hints
-    assert hints["version"] == 1
+    assert hints["version"] == 2
     assert hints["throughput"] == PARAMS.to_dict()
     assert hints["grad"] == {"sqr": 8.95, "var": 5.07}
     assert hints["local_bsz_bounds"] == [32, 1024]
@@ -121,7 +123,7 @@ VIOLATIONS = [
     ("gamma above 10", lambda h: _set(h, ["throughput", "gamma"], 10.5), "throughput.gamma"),
     ("lo > hi", lambda h: _set(h, ["local_bsz_bounds"], [64, 32]), "local_bsz_bounds"),
     ("max below init", lambda h: _set(h, ["max_batch_size"], 64), "max_batch_size"),
-    ("version 2", lambda h: _set(h, ["version"], 2), "version"),
+    ("version 3", lambda h: _set(h, ["version"], 3), "version"),
     ("version string", lambda h: _set(h, ["version"], "1"), "version"),
     ("version true", lambda h: _set(h, ["version"], True), "version"),
     ("accumulation string", lambda h: _set(h, ["accumulation"], "yes"), "accumulation"),
@@ -271,3 +273,50 @@ def test_bad_balance_is_rejected_naming_the_field(mutate, field):
         validate_hints(hints)
     assert info.value.field == field, str(info.value)
     assert str(info.value).startswith(f"{field}:")
+
+
+# ---------------------------------------------------------------------------------------------
+# Version 2: GPU types (issue 13)
+# ---------------------------------------------------------------------------------------------
+
+
+def test_version_1_bodies_are_still_accepted():
+    body = copy.deepcopy(make_hints())
+    body["version"] = 1
+    out = validate_hints(body)
+    assert out["version"] == 2 and "gpu_type" not in out and "types" not in out
+    assert hints_to_type_models(body) == ({}, {})
+    body["gpu_type"] = "aws"                                  # a v2 field in a v1 body
+    with pytest.raises(HintsError, match=r"gpu_type: unknown field .*schema v1"):
+        validate_hints(body)
+
+
+def test_gpu_types_round_trip_into_per_type_models():
+    fast = {**PARAMS.to_dict(), "beta_grad": PARAMS.beta_grad / 3}
+    hints = build_hints(PARAMS, GradStats(8.95, 5.07), 128, 4096, (32, 1024), True, 4, 10.0, 1,
+                        gpu_type="aws", types={"dgx-ext": {"throughput": fast,
+                                                           "local_bsz_bounds": [32, 2048]}})
+    again = validate_hints(json.loads(json.dumps(hints)))
+    assert again == hints and again["gpu_type"] == "aws" and set(again["types"]) == {"dgx-ext"}
+    models, limits = hints_to_type_models(hints)
+    assert set(models) == {"aws", "dgx-ext"}
+    assert models["dgx-ext"].throughput_params.beta_grad == pytest.approx(PARAMS.beta_grad / 3)
+    assert models["aws"].throughput_params == PARAMS and limits["dgx-ext"].max_local_bsz == 2048
+    assert limits["aws"].max_local_bsz == 1024 and models["aws"].grad_stats == models["dgx-ext"].grad_stats
+
+
+@pytest.mark.parametrize(("mutate", "field"), [
+    (lambda h: _set(h, ["gpu_type"], "bad type!"), "gpu_type"),
+    (lambda h: _set(h, ["gpu_type"], ""), "gpu_type"),
+    (lambda h: _set(h, ["types"], {"aws": {"throughput": PARAMS.to_dict()}}), "types.aws.local_bsz_bounds"),
+    (lambda h: _set(h, ["types"], {"aws": {"throughput": PARAMS.to_dict(), "local_bsz_bounds": [64, 32]}}),
+     "types.aws.local_bsz_bounds"),
+    (lambda h: _set(h, ["types"], {"aws": {"throughput": {**PARAMS.to_dict(), "gamma": 20.0},
+                                           "local_bsz_bounds": [1, 32]}}), "types.aws.throughput.gamma"),
+])
+def test_bad_gpu_type_fields_are_named(mutate, field):
+    hints = copy.deepcopy(make_hints())
+    mutate(hints)
+    with pytest.raises(HintsError) as info:
+        validate_hints(hints)
+    assert info.value.field.startswith(field), info.value

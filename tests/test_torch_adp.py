@@ -473,6 +473,7 @@ def test_periodic_refit_chooses_batches_and_reports_hints(agent, caplog) -> None
         agent.setenv("POLLUX_SCHEDULER_URL", f"http://127.0.0.1:{server.server_address[1]}")
         agent.setenv("POLLUX_JOB_ID", "job-1")
         agent.setenv("POLLUX_JOB_TOKEN", "tok")
+        agent.setenv("POLLUX_GPU_TYPE", "aws")          # a node of a typed cluster (issue 13)
         agent.setenv(ENV_REFIT_INTERVAL, "0")
         _, opt, adp, loader = make_job(n=512, m0=8)
         loader.autoscale_batch_size(128, (1, 32), gradient_accumulation=True)
@@ -491,7 +492,8 @@ def test_periodic_refit_chooses_batches_and_reports_hints(agent, caplog) -> None
     assert _HintsHandler.received
     path, auth, body = _HintsHandler.received[-1]
     assert path == "/v1/jobs/job-1/hints" and auth == "Bearer tok"
-    assert body["version"] == 1 and set(body["throughput"]) >= {"alpha_grad", "gamma"}
+    assert body["version"] == 2 and set(body["throughput"]) >= {"alpha_grad", "gamma"}
+    assert body["gpu_type"] == "aws"
     assert "batch size 8 (local 8 x 1" in caplog.text
 
 

@@ -51,11 +51,15 @@ ENV_JOB_TOKEN = "POLLUX_JOB_TOKEN"
 ENV_BALANCE = "POLLUX_BALANCE"
 #: The balance modes ENV_BALANCE may hold.
 BALANCE_MODES: tuple[str, ...] = ("auto", "gpu", "cpu", "off")
+#: The GPU type of the node this replica runs on (issue 13), e.g. ``aws`` or ``a100``; unset on an
+#: untyped cluster. The agent reports it in its hints (``gpu_type``, hints schema v2).
+ENV_GPU_TYPE = "POLLUX_GPU_TYPE"
 
 #: Every variable of the contract, in the order the docs list them.
 POLLUX_VARS: tuple[str, ...] = (
     ENV_JOB_ID, ENV_RANK, ENV_NUM_REPLICAS, ENV_NODE_RANK, ENV_NUM_NODES, ENV_MASTER_ADDR,
     ENV_MASTER_PORT, ENV_CHECKPOINT_DIR, ENV_RESTARTS, ENV_SCHEDULER_URL, ENV_JOB_TOKEN, ENV_BALANCE,
+    ENV_GPU_TYPE,
 )
 
 # --------------------------------------------------------------------------------------------

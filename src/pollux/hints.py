@@ -6,8 +6,11 @@ body. Both sides use this module: the agent builds the body with :func:`build_hi
 it with :func:`validate_hints` (answering 422 on :class:`HintsError`) and turns it into the goodput
 model a policy needs with :func:`hints_to_model`.
 
-The body is described by one JSON Schema kept in the package, ``schemas/hints-v1.json`` (draft
-2020-12). What a schema cannot express is checked here: every number finite (Python's ``json`` accepts
+The body is described by a JSON Schema kept in the package, ``schemas/hints-v2.json`` (draft
+2020-12); version 2 adds the GPU type the job runs on (``gpu_type``) and its model on every type it
+has run on (``types``), for heterogeneous clusters (SPEC §10). A version-1 body (``hints-v1.json``)
+is still accepted and normalised to version 2 without those fields. What a schema cannot express is
+checked here: every number finite (Python's ``json`` accepts
 ``NaN`` and ``Infinity``), ``local_bsz_bounds[0] <= local_bsz_bounds[1]``,
 ``max_batch_size >= init_batch_size``, and in the optional ``balance`` object (LB-BSP, SPEC §10) one
 step time per share and straggler ranks below the number of shares.
@@ -34,10 +37,13 @@ from pollux.contract import PREEMPTED_EXIT_CODE  # noqa: F401  (re-exported: old
 from pollux.goodput.model import BatchLimits, GoodputModel
 from pollux.goodput.records import GradStats, ThroughputParams
 
-#: Version of the hints body this module reads and writes.
-HINTS_VERSION = 1
-#: The JSON Schema of the hints body, shipped as package data.
-SCHEMA_PATH: Path = Path(__file__).resolve().parent / "schemas" / "hints-v1.json"
+#: Version of the hints body this module writes (it also reads version 1).
+HINTS_VERSION = 2
+#: The JSON Schemas of the hints body by version, shipped as package data.
+SCHEMA_PATHS: dict[int, Path] = {v: Path(__file__).resolve().parent / "schemas" / f"hints-v{v}.json"
+                                 for v in (1, 2)}
+#: The schema of the current version.
+SCHEMA_PATH: Path = SCHEMA_PATHS[HINTS_VERSION]
 #: Path of the hints endpoint under the service URL; format with a URL-quoted job id.
 HINTS_ENDPOINT = "/v1/jobs/{job_id}/hints"
 
@@ -67,18 +73,18 @@ def hints_path(job_id: str) -> str:
 
 
 @functools.cache
-def _schema_text() -> str:
-    return SCHEMA_PATH.read_text(encoding="utf-8")
+def _schema_text(version: int = HINTS_VERSION) -> str:
+    return SCHEMA_PATHS[version].read_text(encoding="utf-8")
 
 
-def load_schema() -> dict[str, Any]:
-    """The hints JSON Schema as a fresh dict (callers may mutate it)."""
-    return json.loads(_schema_text())
+def load_schema(version: int = HINTS_VERSION) -> dict[str, Any]:
+    """The hints JSON Schema of ``version`` as a fresh dict (callers may mutate it)."""
+    return json.loads(_schema_text(version))
 
 
 @functools.cache
-def _validator() -> Draft202012Validator:
-    schema = load_schema()
+def _validator(version: int = HINTS_VERSION) -> Draft202012Validator:
+    schema = load_schema(version)
     Draft202012Validator.check_schema(schema)
     return Draft202012Validator(schema)
 
@@ -119,7 +125,7 @@ def _plain(value: Any, path: str) -> Any:
     return value
 
 
-def _error_field(error: ValidationError) -> tuple[str, str]:
+def _error_field(error: ValidationError, version: int = HINTS_VERSION) -> tuple[str, str]:
     """(field, message) of a schema error, naming the missing or extra property itself."""
     path = ".".join(str(p) for p in error.absolute_path)
     instance = error.instance
@@ -131,7 +137,7 @@ def _error_field(error: ValidationError) -> tuple[str, str]:
         known = error.schema.get("properties", {})
         extra = sorted(k for k in instance if k not in known)
         if extra:
-            return _join(path, extra[0]), "unknown field (not in hints schema v1)"
+            return _join(path, extra[0]), f"unknown field (not in hints schema v{version})"
     message = error.message
     if len(message) > 200:
         message = message[:197] + "..."
@@ -150,13 +156,17 @@ def validate_hints(obj: Any) -> dict[str, Any]:
     if not isinstance(obj, Mapping):
         raise HintsError("", f"expected a JSON object, got {type(obj).__name__}")
     data = _plain(obj, "")
-    version = data.get("version", HINTS_VERSION)
-    if isinstance(version, bool) or not isinstance(version, int | float) or version != HINTS_VERSION:
-        raise HintsError("version", f"unsupported hints version {version!r} (expected {HINTS_VERSION})")
+    version = data.get("version", HINTS_VERSION)      # missing: the schema names it
+    if isinstance(version, bool) or not isinstance(version, int | float) or version not in SCHEMA_PATHS:
+        raise HintsError("version", f"unsupported hints version {version!r} "
+                                    f"(expected one of {', '.join(map(str, SCHEMA_PATHS))})")
+    version = int(version)
+    if "version" in data:
+        data["version"] = version
 
-    error = best_match(_validator().iter_errors(data))
+    error = best_match(_validator(version).iter_errors(data))
     if error is not None:
-        raise HintsError(*_error_field(error))
+        raise HintsError(*_error_field(error, version))
 
     lo, hi = data["local_bsz_bounds"]
     if lo > hi:
@@ -177,6 +187,18 @@ def validate_hints(obj: Any) -> dict[str, Any]:
         out[name] = int(data[name])
     if "balance" in data:
         out["balance"] = _check_balance(data["balance"])
+    if "gpu_type" in data:
+        out["gpu_type"] = str(data["gpu_type"])
+    if "types" in data:
+        out["types"] = {}
+        for name, entry in data["types"].items():
+            t_lo, t_hi = entry["local_bsz_bounds"]
+            if t_lo > t_hi:
+                raise HintsError(f"types.{name}.local_bsz_bounds",
+                                 f"lower bound {t_lo} exceeds upper bound {t_hi}")
+            out["types"][str(name)] = {
+                "throughput": {k: float(entry["throughput"][k]) for k in _THROUGHPUT_FIELDS},
+                "local_bsz_bounds": [int(t_lo), int(t_hi)]}
     return out
 
 
@@ -207,13 +229,17 @@ def build_hints(
     progress: float,
     epoch: int,
     balance: Mapping[str, Any] | None = None,
+    gpu_type: str | None = None,
+    types: Mapping[str, Mapping[str, Any]] | None = None,
 ) -> dict[str, Any]:
     """The hints body of a job, validated (see :func:`validate_hints`).
 
     ``max_batch_size`` None means a fixed batch (``init_batch_size``). ``local_bsz_bounds`` None, or
     a None bound, means no bound: the lower defaults to 1, the upper to ``max_batch_size``.
     ``balance`` (optional) is the LB-BSP state: ``{"mode", "shares", "step_times",
-    "predicted_step_time", "stragglers"}``; None leaves the field out.
+    "predicted_step_time", "stragglers"}``; None leaves the field out. ``gpu_type`` is the GPU type
+    the replicas run on and ``types`` the model per type the job has run on
+    (``{type: {"throughput": params, "local_bsz_bounds": [lo, hi]}}``); None leaves them out.
     """
     throughput = params.to_dict() if isinstance(params, ThroughputParams) else dict(params)
     stats = grad.to_dict() if isinstance(grad, GradStats) else dict(grad)
@@ -233,6 +259,14 @@ def build_hints(
     }
     if balance is not None:
         body["balance"] = dict(balance)
+    if gpu_type is not None:
+        body["gpu_type"] = gpu_type
+    if types is not None:
+        body["types"] = {str(t): {"throughput": (v["throughput"].to_dict()
+                                                 if isinstance(v["throughput"], ThroughputParams)
+                                                 else dict(v["throughput"])),
+                                  "local_bsz_bounds": list(v["local_bsz_bounds"])}
+                         for t, v in types.items()}
     return validate_hints(body)
 
 
@@ -258,3 +292,25 @@ def hints_to_model(hints: Mapping[str, Any]) -> tuple[GoodputModel, BatchLimits,
         text = str(exc)
         raise HintsError(text.split(":", 1)[0], text.split(":", 1)[-1].strip()) from None
     return model, limits, data["max_replicas_seen"]
+
+
+def hints_to_type_models(hints: Mapping[str, Any]) -> tuple[dict[str, GoodputModel], dict[str, BatchLimits]]:
+    """Per GPU type, the job's goodput model and batch limits (``JobView.type_models`` /
+    ``type_limits``), from a version-2 body's ``types`` and ``gpu_type``; empty for a body without
+    them. The gradient statistics and the global batch limits are the job's, whatever the type."""
+    data = validate_hints(hints)
+    stats = GradStats.from_dict(data["grad"], where="grad")
+    entries: dict[str, dict[str, Any]] = dict(data.get("types", {}))
+    if "gpu_type" in data:
+        entries[data["gpu_type"]] = {"throughput": data["throughput"],
+                                     "local_bsz_bounds": data["local_bsz_bounds"]}
+    models: dict[str, GoodputModel] = {}
+    limits: dict[str, BatchLimits] = {}
+    for name, entry in entries.items():
+        params = ThroughputParams.from_dict(entry["throughput"], where=f"types.{name}.throughput")
+        lo, hi = entry["local_bsz_bounds"]
+        models[name] = GoodputModel(params, stats, data["init_batch_size"])
+        limits[name] = BatchLimits(init_batch_size=data["init_batch_size"],
+                                   max_batch_size=data["max_batch_size"], min_local_bsz=lo,
+                                   max_local_bsz=hi, accumulation=data["accumulation"])
+    return models, limits

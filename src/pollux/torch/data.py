@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -37,7 +38,7 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader, Dataset, IterableDataset
 
-from pollux.contract import ENV_BALANCE
+from pollux.contract import ENV_BALANCE, ENV_GPU_TYPE
 from pollux.goodput import BatchLimits
 from pollux.hints import build_hints
 from pollux.torch import decisions
@@ -435,6 +436,7 @@ class AdaptiveDataLoader:
             adp.progress if adp is not None else 0.0,
             ctx.epoch_state.epoch,
             balance=None if self._balance.report is None else self._balance.report.as_hints(),
+            gpu_type=os.environ.get(ENV_GPU_TYPE) or None,
         )
 
     def _report_hints(self, ctx: AgentContext) -> None:
