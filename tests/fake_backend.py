@@ -25,6 +25,7 @@ from pollux.cluster.backend_api import (
     ReplicaLaunch,
     actor_name,
 )
+from pollux.cluster.gputypes import TYPE_RESOURCE_PREFIX
 
 
 class FakeClock:
@@ -66,7 +67,8 @@ class FakeReplica:
 
 
 class FakeBackend:
-    """Nodes ``{name: GPU slots}``; replicas as records; every request recorded. See the module doc.
+    """Nodes ``{name: GPU slots}`` (typed by ``types``: ``{name: GPU type}``); replicas as records;
+    every request recorded. See the module doc.
 
     A replica is placed only where its resources are free (as Ray does); one that is not stays
     unplaced, so its launch times out. Scripts: ``create_error[job]`` (an exception
@@ -76,11 +78,11 @@ class FakeBackend:
     replica exits with on SIGTERM: 143, the agent's checkpoint-and-exit).
     """
 
-    def __init__(self, nodes: dict[str, int] | None = None) -> None:
+    def __init__(self, nodes: dict[str, int] | None = None, types: dict[str, str] | None = None) -> None:
         self.listed: dict[str, NodeInfo] = {}
         self.down: set[str] = set()              # lost nodes: nothing is placed there any more
         for name, gpus in (nodes or {"node-0": 2, "node-1": 2}).items():
-            self.add_node(name, gpus)
+            self.add_node(name, gpus, gpu_type=(types or {}).get(name))
         self.replicas: dict[str, FakeReplica] = {}   # live (not released) replicas by name
         self.launched: list[tuple[str, int, list[ReplicaLaunch]]] = []
         self.signals: list[tuple[str, int]] = []
@@ -95,10 +97,14 @@ class FakeBackend:
 
     # -- the script's side
 
-    def add_node(self, name: str, gpus: int, **resources: float) -> None:
+    def add_node(self, name: str, gpus: int, gpu_type: str | None = None, **resources: float) -> None:
+        """List a node; ``gpu_type`` declares ``pollux_gpu_type_<type>`` = its GPUs, as the embedded
+        Ray cluster's typed nodes do, so a replica asking for another type is never placed there."""
         res = {"GPU": float(gpus), "CPU": 8.0, **resources}
+        if gpu_type is not None:
+            res[f"{TYPE_RESOURCE_PREFIX}{gpu_type}"] = float(gpus)
         self.listed[name] = NodeInfo(name=name, node_id=f"id-{name}", address="127.0.0.1", gpus=gpus,
-                                     resources=res)
+                                     resources=res, gpu_type=gpu_type)
         self.down.discard(name)
 
     def lose_node(self, name: str) -> None:

@@ -1,5 +1,5 @@
 """The live-service commands of ``pollux``: ``server start|stop|status``, ``submit``, ``ls``,
-``describe``, ``logs`` and ``cancel`` (documented in ``docs/cli.md``).
+``nodes``, ``describe``, ``logs`` and ``cancel`` (documented in ``docs/cli.md``).
 
 They talk to the service's REST API with the admin token of its state folder. Their errors (the
 service's :class:`~pollux.cluster.client.ClientError` and :class:`~pollux.cluster.server.ServerError`,
@@ -28,6 +28,7 @@ from pollux.cli.formatting import (
     escape,
     escape_lines,
     escape_log,
+    nodes_text,
     runtime,
     status_text,
     table,
@@ -69,6 +70,9 @@ def _print_json(data: Any) -> None:
 def cmd_server_start(args: argparse.Namespace) -> int:
     from pollux.cluster import server
 
+    if isinstance(args.local_nodes, str) and args.ray_address is not None:
+        raise CliError("--local-nodes: typed nodes describe the embedded cluster; leave it out with "
+                       "--ray-address (a Ray cluster's nodes report their own GPU type)")
     info = server.start(Path(args.state_dir), ray_address=args.ray_address, local_nodes=args.local_nodes,
                         gpus_per_node=args.gpus_per_node, policy=args.policy, interval_s=args.interval,
                         port=args.port, stop_grace_s=args.stop_grace, max_retries=args.max_retries,
@@ -171,8 +175,22 @@ def cmd_ls(args: argparse.Namespace) -> int:
     now = time.time()
     rows = [[j["id"], j["name"], j["state"], sum(j["allocation"].values()), alloc(j["allocation"]),
              j["restarts"], duration(now - j["submit_time"]), duration(runtime(j, now))] for j in jobs]
-    print(table(["ID", "NAME", "STATE", "GPUS", "ALLOCATION", "RESTARTS", "AGE", "RUNTIME"], rows,
-                right=(3, 5)))
+    headers = ["ID", "NAME", "STATE", "GPUS", "ALLOCATION", "RESTARTS", "AGE", "RUNTIME"]
+    if any(j.get("gpu_types") for j in jobs):   # a typed cluster: which GPU type(s) each job holds
+        headers.insert(4, "TYPE")
+        for row, j in zip(rows, jobs, strict=True):
+            row.insert(4, ",".join(j.get("gpu_types") or []) or "-")
+    print(table(headers, rows, right=(3, 6) if len(headers) > 8 else (3, 5)))
+    return 0
+
+
+def cmd_nodes(args: argparse.Namespace) -> int:
+    with _client(args) as client:
+        cluster = client.cluster()
+    if args.json:
+        _print_json(cluster.get("nodes") or [])
+    else:
+        print(nodes_text(cluster))
     return 0
 
 
@@ -221,6 +239,19 @@ def cmd_cancel(args: argparse.Namespace) -> int:
     return 0
 
 
+def local_nodes(text: str) -> int | str:
+    """``--local-nodes``: a node count, or a typed cluster string (checked here, kept as given)."""
+    if text.strip().isdigit():
+        return positive_int(text)
+    from pollux.policy.clusterspec import parse_cluster
+
+    try:
+        parse_cluster(text, where="--local-nodes")
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return text.strip()
+
+
 def add_cluster_commands(sub: Any) -> None:
     """Add ``server start|stop|status``, ``submit``, ``ls``, ``describe``, ``logs``, ``cancel`` to ``sub``."""
     from pollux.cluster.server import default_state_dir
@@ -243,8 +274,9 @@ def add_cluster_commands(sub: Any) -> None:
                                     "API answers.")
     s.add_argument("--ray-address", metavar="ADDR", help="use this Ray cluster (host:port) instead of "
                                                          "starting an embedded one")
-    s.add_argument("--local-nodes", type=positive_int, default=4, metavar="N",
-                   help="nodes of the embedded Ray cluster (default 4)")
+    s.add_argument("--local-nodes", type=local_nodes, default=4, metavar="N|SPEC",
+                   help="nodes of the embedded Ray cluster: a count of untyped nodes (default 4), or "
+                        "typed nodes TYPE:NODESxGPUS,... e.g. t4:2x2,a100:1x2 (replaces --gpus-per-node)")
     s.add_argument("--gpus-per-node", type=positive_int, default=2, metavar="G",
                    help="GPU slots per embedded node (default 2)")
     add_policy_option(s, live=True, default="pollux", help="scheduling policy (default pollux)")
@@ -309,6 +341,11 @@ def add_cluster_commands(sub: Any) -> None:
     p.add_argument("--state", nargs="+", action="extend", choices=JOB_STATES, metavar="STATE",
                    help=f"only jobs in these states (repeatable): {', '.join(JOB_STATES)}")
     command(p, cmd_ls)
+
+    p = sub.add_parser("nodes", parents=[common, as_json], help="list the cluster's nodes and GPU types",
+                       description="The alive nodes the service schedules on: name, GPU type ('-' if "
+                                   "untyped), GPU slots and address, then GPUs per type.")
+    command(p, cmd_nodes)
 
     p = sub.add_parser("describe", parents=[common, as_json], help="show one job in detail",
                        description="A job's spec, state, times, allocation history, transitions, "

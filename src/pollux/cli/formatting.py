@@ -127,6 +127,8 @@ def describe_text(job: dict[str, Any]) -> str:
     kv("service", f"{job['attained_service']:.1f} GPU-seconds")
     gpus = sum(job["allocation"].values())
     kv("allocation", f"{alloc(job['allocation'])} ({gpus} GPU(s))" if gpus else "-")
+    if job.get("gpu_types"):
+        kv("gpu type", ", ".join(job["gpu_types"]))
     if job.get("failure_reason"):
         kv("failure", job["failure_reason"])
 
@@ -153,19 +155,30 @@ def describe_text(job: dict[str, Any]) -> str:
         rows = [[when(t["time"]), t["from_state"] or "-", t["to_state"], t["reason"] or ""]
                 for t in transitions]
         out += ["  " + line for line in table(["TIME", "FROM", "TO", "REASON"], rows).splitlines()]
+    types = job.get("node_types") or {}   # typed nodes only: an untyped cluster shows no TYPE column
     history = job.get("allocation_history") or []
     if history:
         out.append("allocation history")
         rows = [[when(a["time"]), sum(a["allocation"].values()), alloc(a["allocation"])] for a in history]
-        out += ["  " + line for line in table(["TIME", "GPUS", "ALLOCATION"], rows, right=(1,)).splitlines()]
+        headers = ["TIME", "GPUS", "ALLOCATION"]
+        if types:
+            headers.append("TYPE")
+            for row, a in zip(rows, history, strict=True):
+                row.append(",".join(sorted({types[n] for n in a["allocation"] if n in types})) or "-")
+        out += ["  " + line for line in table(headers, rows, right=(1,)).splitlines()]
     replicas = job.get("replicas") or []
     if replicas:
         out.append("replicas")
         rows = [[r["restart"], r["rank"], r["node"], r["pid"] if r["pid"] is not None else "-",
                  when(r["start_time"]), r["exit_code"] if r["exit_code"] is not None else "-"]
                 for r in replicas]
-        out += ["  " + line for line in table(["RESTART", "RANK", "NODE", "PID", "STARTED", "EXIT"], rows,
-                                               right=(0, 1, 3, 5)).splitlines()]
+        headers = ["RESTART", "RANK", "NODE", "PID", "STARTED", "EXIT"]
+        if types:
+            headers.insert(3, "TYPE")
+            for row, r in zip(rows, replicas, strict=True):
+                row.insert(3, types.get(r["node"], "-"))
+        right = (0, 1, 4, 6) if types else (0, 1, 3, 5)
+        out += ["  " + line for line in table(headers, rows, right=right).splitlines()]
     hints = job.get("hints")
     out.append("hints" + ("" if hints else "          (none received yet)"))
     if hints:
@@ -184,6 +197,21 @@ def describe_text(job: dict[str, Any]) -> str:
         balance = hints.get("balance")
         if isinstance(balance, dict):
             out.extend("  " + line for line in balance_lines(balance))
+    return "\n".join(out)
+
+
+def nodes_text(cluster: dict[str, Any]) -> str:
+    """``pollux nodes``: one row per alive node (its GPU type, ``-`` if untyped), then GPUs per type."""
+    nodes = cluster.get("nodes") or []
+    if not nodes:
+        return "no alive node with GPUs"
+    rows = [[n.get("name"), n.get("gpu_type") or "-", n.get("gpus"), n.get("address") or "-"] for n in nodes]
+    out = [table(["NODE", "TYPE", "GPUS", "ADDRESS"], rows, right=(2,))]
+    per: dict[str, int] = {}
+    for n in nodes:
+        key = n.get("gpu_type") or "untyped"
+        per[key] = per.get(key, 0) + int(n.get("gpus") or 0)
+    out.append("GPUs by type: " + ", ".join(f"{escape(t)} {g}" for t, g in per.items()))
     return "\n".join(out)
 
 
@@ -249,7 +277,9 @@ def status_text(st: dict[str, Any]) -> str:
         nodes = cluster["nodes"]
         total = cluster.get("total_gpus", sum(n.get("gpus", 0) for n in nodes))
         out.append(f"  nodes         {len(nodes)} node(s), {escape(total)} GPU slot(s): "
-                   + (", ".join(f"{escape(n.get('name'))}:{escape(n.get('gpus'))}" for n in nodes) or "-"))
+                   + (", ".join(f"{escape(n.get('name'))}:{escape(n.get('gpus'))}"
+                                + (f" ({escape(n['gpu_type'])})" if n.get("gpu_type") else "")
+                                for n in nodes) or "-"))
         every = escape(num(cluster.get("interval_s")))
         out.append(f"  policy        {escape(cluster.get('policy'))}, rounds every {every} s, "
                    f"{escape(cluster.get('rounds'))} round(s) run")

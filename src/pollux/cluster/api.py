@@ -75,6 +75,7 @@ from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from pollux.cluster import api_schema as doc
+from pollux.cluster.gputypes import job_gpu_types
 from pollux.cluster.lifecycle import JobState
 from pollux.cluster.limits import MAX_QUERY_INT, RequestError, find_nonfinite, read_json_body
 from pollux.cluster.spec import JobSpec, SpecError, validate_name
@@ -131,13 +132,15 @@ class SafeJSONResponse(JSONResponse):
                               separators=(",", ":"), default=str).encode("utf-8")
 
 
-def _job_dict(job: JobRecord, *, token: bool = False) -> dict[str, Any]:
+def _job_dict(job: JobRecord, *, token: bool = False,
+              types: Mapping[str, str] | None = None) -> dict[str, Any]:
     out: dict[str, Any] = {
         "id": job.id, "name": job.name, "state": job.state, "spec": job.spec.to_dict(),
         "spec_error": job.spec_error,
         "submit_time": job.submit_time, "start_time": job.start_time, "end_time": job.end_time,
         "restarts": job.restarts, "failures": job.failures, "failure_reason": job.failure_reason,
         "attained_service": job.attained_service, "allocation": dict(job.allocation),
+        "gpu_types": job_gpu_types(job.allocation, types or {}),
     }
     if token:
         out["token"] = job.token
@@ -256,6 +259,7 @@ def create_app(store: JobStore, admin_token: str, *, log_dir: Path | None = None
                on_change: Callable[[], None] | None = None,
                cluster_info: Callable[[], dict[str, Any]] | None = None,
                node_resources: Callable[[], list[dict[str, float]]] | None = None,
+               node_types: Callable[[], Mapping[str, str]] | None = None,
                check_files: bool = True) -> FastAPI:
     """The service's FastAPI application over ``store``; see the module docstring.
 
@@ -267,7 +271,9 @@ def create_app(store: JobStore, admin_token: str, *, log_dir: Path | None = None
     cluster could never run is refused with 422 (:meth:`JobSpec.check_feasible`). ``check_files``
     refuses a submission whose entrypoint or working folder the service cannot find or start
     (:meth:`JobSpec.check_files`); turn it off only where the service does not see the replicas'
-    file system.
+    file system. ``node_types``, if given, returns ``{node: GPU type}`` of the typed nodes the
+    service knows: each job then lists the ``gpu_types`` of its allocation's nodes, and a job's detail
+    the type of every node it was allocated or ran on (``node_types``).
     """
     if not isinstance(admin_token, str) or not admin_token:
         raise ValueError("admin_token: expected a non-empty string")
@@ -346,6 +352,15 @@ def create_app(store: JobStore, admin_token: str, *, log_dir: Path | None = None
             raise HTTPException(404, f"unknown job {job_id[:80]!r}")
         return store.get_job(job_id)  # UnknownJobError → 404
 
+    def types() -> dict[str, str]:
+        if node_types is None:
+            return {}
+        try:
+            return dict(node_types())
+        except Exception:  # never let a listing fail for want of types
+            _log.warning("node types unavailable", exc_info=True)
+            return {}
+
     def nodes() -> list[dict[str, float]]:
         if node_resources is None:
             return []
@@ -398,23 +413,29 @@ def create_app(store: JobStore, admin_token: str, *, log_dir: Path | None = None
         job = await run_in_threadpool(submit_checked, body)
         if on_change is not None:
             on_change()
-        return SafeJSONResponse(_job_dict(job, token=True), status_code=201)
+        return SafeJSONResponse(_job_dict(job, token=True, types=types()), status_code=201)
 
     @app.get("/v1/jobs", dependencies=[admin, only_query("state")], response_model=None,
              summary="List jobs (admin), optionally only those in the given states",
              responses=doc.responses(200, "JobList", 401, 422), openapi_extra=doc.BEARER)
     def list_jobs(state: _StatesQuery = None) -> SafeJSONResponse:  # type: ignore[assignment]
-        return SafeJSONResponse([_job_dict(j) for j in store.list_jobs(state or None)])
+        known = types()
+        return SafeJSONResponse([_job_dict(j, types=known) for j in store.list_jobs(state or None)])
 
     @app.get("/v1/jobs/{job_id}", dependencies=[admin, only_query()], response_model=None,
              summary="Describe a job (admin)",
              responses=doc.responses(200, "JobDetail", 401, 404, 422), openapi_extra=doc.BEARER)
     def describe(job_id: str) -> SafeJSONResponse:
-        out = _job_dict(get_job(job_id))
-        out["allocation_history"] = [_allocation_dict(a) for a in store.allocation_history(job_id)]
+        known = types()
+        out = _job_dict(get_job(job_id), types=known)
+        history = store.allocation_history(job_id)
+        replicas = store.replicas(job_id)
+        out["allocation_history"] = [_allocation_dict(a) for a in history]
         out["transitions"] = [_transition_dict(t) for t in store.transitions(job_id)]
-        out["replicas"] = [_replica_dict(r) for r in store.replicas(job_id)]
+        out["replicas"] = [_replica_dict(r) for r in replicas]
         out["hints"] = store.get_hints(job_id)
+        used = {*out["allocation"], *(n for a in history for n in a.allocation), *(r.node for r in replicas)}
+        out["node_types"] = {n: known[n] for n in sorted(used) if n in known}
         return SafeJSONResponse(out)
 
     @app.post("/v1/jobs/{job_id}/cancel", dependencies=[admin, only_query()], response_model=None,
@@ -430,7 +451,7 @@ def create_app(store: JobStore, admin_token: str, *, log_dir: Path | None = None
             raise HTTPException(409, str(exc)) from exc
         if on_change is not None:
             on_change()
-        return SafeJSONResponse(_job_dict(job))
+        return SafeJSONResponse(_job_dict(job, types=types()))
 
     @app.get("/v1/cluster", dependencies=[admin, only_query()], response_model=None,
              summary="The cluster as the service sees it (admin): nodes, policy, rounds",

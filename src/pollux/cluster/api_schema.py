@@ -3,7 +3,7 @@
 Request bodies are parsed by hand in the API (so that an error names the field, and so that limits
 apply before parsing), so the framework cannot infer their schemas; they are written here as JSON
 Schema (OpenAPI 3.1 uses draft 2020-12), from the same limits the validation enforces
-(:mod:`pollux.cluster.spec`, :mod:`pollux.cluster.limits`, the hints contract ``hints-v1.json``).
+(:mod:`pollux.cluster.spec`, :mod:`pollux.cluster.limits`, the hints contract ``hints-v2.json``).
 Answers are described the same way, field for field, so that a schema-driven fuzzer can check every
 real answer against them (``tests/test_cluster_openapi.py``).
 
@@ -152,6 +152,8 @@ _JOB_FIELDS: dict[str, Any] = {
     "failure_reason": _nullable({"type": "string"}),
     "attained_service": {"type": "number", "minimum": 0, "description": "GPU-seconds received."},
     "allocation": _ALLOCATION,
+    "gpu_types": {"type": "array", "items": {"type": "string"},
+                  "description": "GPU types of the allocation's nodes, sorted; empty on an untyped cluster."},
 }
 
 
@@ -197,6 +199,8 @@ COMPONENTS: dict[str, Any] = {
             "start_time": _TIME, "exit_code": _nullable({"type": "integer"}),
             "end_time": _nullable(_TIME)})},
         "hints": _nullable(_ref("Hints")),
+        "node_types": {"type": "object", "additionalProperties": {"type": "string"},
+                       "description": "GPU type of each typed node the job was allocated or ran on."},
     }, "A job with its allocation history, state transitions, replicas and latest hints."),
     "Cluster": {"type": "object", "description": "The cluster as the service sees it: nodes and GPU "
                 "slots, policy, scheduling interval, rounds run (more fields may be added).",

@@ -34,7 +34,9 @@ variables (the admin token, if one was exported) and any variable whose name say
 password, credential or key are removed before the job's ``POLLUX_*`` variables are added.
 
 Nodes are named by a custom resource ``pollux-node-<name>`` when they declare one (the embedded
-cluster does: ``node-0``, ``node-1``, ...), otherwise by their address and the start of their Ray id.
+cluster does: ``node-0``, ``node-1``, ... or, typed, ``t4-0``, ``a100-0``, ...), otherwise by their
+address and the start of their Ray id. A node's GPU type is read from its resources
+(:mod:`pollux.cluster.gputypes`).
 """
 
 from __future__ import annotations
@@ -57,6 +59,7 @@ from pollux.cluster.backend_api import (
     actor_name,
     parse_actor_name,
 )
+from pollux.cluster.gputypes import gpu_type_of
 
 logger = logging.getLogger("pollux.cluster")
 
@@ -286,7 +289,8 @@ class RayBackend:
     # -- nodes
 
     def nodes(self) -> list[NodeInfo]:
-        """Alive nodes with at least one GPU slot, by name."""
+        """Alive nodes with at least one GPU slot, by name, each with its GPU type if its resources
+        declare one (``pollux_gpu_type_<t>``, else Ray's ``accelerator_type:<X>``)."""
         out = []
         for n in self._ray.nodes():
             if not n.get("Alive"):
@@ -297,7 +301,7 @@ class RayBackend:
             name = names[0] if names else f"{n['NodeManagerAddress']}-{n['NodeID'][:8]}"
             if gpus > 0:
                 out.append(NodeInfo(name=name, node_id=n["NodeID"], address=n["NodeManagerAddress"],
-                                    gpus=gpus, resources=res))
+                                    gpus=gpus, resources=res, gpu_type=gpu_type_of(res)))
         return sorted(out, key=lambda x: x.name)
 
     # -- replicas

@@ -52,13 +52,19 @@ class BackendError(RuntimeError):
 
 @dataclass(frozen=True)
 class NodeInfo:
-    """One alive node: its Pollux name, backend id, address, GPU slots and all its resources."""
+    """One alive node: its Pollux name, backend id, address, GPU slots and all its resources.
+
+    ``gpu_type`` is the type of its GPUs (``"t4"``, ``"A100"``, ...) when the backend knows it, None
+    for an untyped node (see :mod:`pollux.cluster.gputypes`): a cluster of untyped nodes is scheduled
+    as one pool, as before GPU types existed.
+    """
 
     name: str
     node_id: str
     address: str
     gpus: int
     resources: dict[str, float] = field(default_factory=dict, hash=False)
+    gpu_type: str | None = None
 
 
 @dataclass(frozen=True)

@@ -54,6 +54,7 @@ from pathlib import Path
 from typing import Any
 
 from pollux import contract as ct
+from pollux.cluster import gputypes as gt
 from pollux.cluster import launcher as lch
 from pollux.cluster.backend_api import Backend, NodeInfo, ReplicaHandle, parse_actor_name
 from pollux.cluster.launcher import Launch, LaunchError, replica_command
@@ -111,7 +112,7 @@ class Controller:
         if lost:
             logger.warning("lost node(s) %s: their GPUs leave the next round", sorted(lost))
         self.nodes = nodes
-        cluster = Cluster(tuple(n.name for n in nodes), tuple(n.gpus for n in nodes))
+        cluster = gt.cluster_of(nodes)   # typed if the backend reports GPU types, else as before
         self.scheduler.set_cluster(cluster)
         return cluster
 
@@ -152,8 +153,7 @@ class Controller:
         """Add the GPU-seconds the group held since it was last accounted to its job's service.
 
         Done before every round (the policies read attained service) and when the group is asked
-        to stop, not every tick, so the store is not written twice a second per running job.
-        """
+        to stop, not every tick, so the store is not written twice a second per running job."""
         start = group.accounted if group.accounted is not None else group.started
         group.accounted = max(now, start)
         if now > start and not group.cleanup:
@@ -221,8 +221,8 @@ class Controller:
     def _launch(self, job: JobRecord, placement: dict[str, int], now: float) -> None:
         """Begin a launch: check it can be placed, create the actors, ask rank 0 for a rendezvous."""
         alive = {n.name: n for n in self.nodes if n.name not in self.held_nodes}
-        if not set(placement) <= set(alive):
-            self.request_round()   # a node left (or is held): wait for the round to move the job
+        if not set(placement) <= set(alive) or gt.type_mismatch(placement, alive, self.scheduler.cluster):
+            self.request_round()   # a node left, is held or changed GPU type: a round moves the job
             return
         restart = job.restarts
         spec = job.spec
@@ -232,7 +232,7 @@ class Controller:
             base_env[ct.ENV_SCHEDULER_URL] = self.config.scheduler_url
         try:
             launches = lch.build_launches(spec, placement, command=replica_command(spec, self.config.python),
-                                          base_env=base_env, user=self.config.run_as,
+                                          base_env=base_env, user=self.config.run_as, nodes=alive,
                                           log_root=self.config.log_dir / job.id / f"restart-{restart}")
             usage = lch.launch_usage(placement, launches)
             reason = lch.never_fits(usage, alive)

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from pollux.cluster.backend_api import NodeInfo, ReplicaHandle, ReplicaLaunch
+from pollux.cluster.gputypes import with_type_resources
 from pollux.cluster.spec import JobSpec
 from pollux.contract import ENV_BALANCE, ENV_NODE_RANK, ENV_NUM_NODES, ENV_NUM_REPLICAS, ENV_RANK
 
@@ -97,9 +98,13 @@ def rank_nodes(placement: Mapping[str, int], per_replica: int = 1) -> list[str]:
 
 
 def build_launches(spec: JobSpec, placement: Mapping[str, int], *, command: list[str],
-                   base_env: Mapping[str, str], log_root: Path,
-                   user: str | None = None) -> list[ReplicaLaunch]:
+                   base_env: Mapping[str, str], log_root: Path, user: str | None = None,
+                   nodes: Mapping[str, NodeInfo] | None = None) -> list[ReplicaLaunch]:
     """One launch per replica of a run on ``placement``; raises LaunchError if it forms no replica.
+
+    With ``nodes`` (the alive nodes by name), a replica on a node with a GPU type also asks for that
+    type's resource (:func:`pollux.cluster.gputypes.type_resource`), so that the backend can place it
+    only on a node of the type the allocation was made for.
 
     A spec whose ``balance`` is not ``"off"`` sets ``POLLUX_BALANCE`` (the agent's default balance
     mode) in every replica's environment; an off one leaves it unset, as before the field existed.
@@ -114,10 +119,11 @@ def build_launches(spec: JobSpec, placement: Mapping[str, int], *, command: list
     env = {**base_env, ENV_NUM_REPLICAS: str(len(ranks)), ENV_NUM_NODES: str(len(node_order))}
     if spec.balance != "off":
         env[ENV_BALANCE] = spec.balance
-    return [ReplicaLaunch(rank=r, node=n, command=list(command), cwd=spec.working_dir,
-                          env={**env, ENV_RANK: str(r), ENV_NODE_RANK: str(node_order.index(n))},
-                          log_path=str(log_root / f"rank-{r}.log"), resources=resources, user=user)
-            for r, n in enumerate(ranks)]
+    launches = [ReplicaLaunch(rank=r, node=n, command=list(command), cwd=spec.working_dir,
+                              env={**env, ENV_RANK: str(r), ENV_NODE_RANK: str(node_order.index(n))},
+                              log_path=str(log_root / f"rank-{r}.log"), resources=resources, user=user)
+                for r, n in enumerate(ranks)]
+    return launches if nodes is None else with_type_resources(launches, nodes)
 
 
 def usage_of(placement: Mapping[str, int],

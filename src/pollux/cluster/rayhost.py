@@ -5,7 +5,10 @@ process and not by the service: a crash of the service leaves the cluster and th
 alone. ``python -m pollux.cluster.rayhost --info FILE --nodes N --gpus-per-node G`` starts N virtual
 nodes on 127.0.0.1 (``ray.cluster_utils.Cluster``; the first is the head), each declaring G GPU slots
 and a resource ``pollux-node-node-<i>`` that names it, writes ``{"address", "pid", "nodes",
-"gpus_per_node"}`` to FILE (atomically) once every node is up, and then waits. SIGTERM or SIGINT shut
+"gpus_per_node"}`` to FILE (atomically) once every node is up, and then waits. With ``--cluster
+t4:2x2,a100:1x2`` (:func:`pollux.policy.clusterspec.parse_cluster`) it starts typed nodes instead:
+``t4-0``, ``t4-1`` and ``a100-0`` here, each also declaring ``pollux_gpu_type_<type>`` = its GPU
+slots (:mod:`pollux.cluster.gputypes`), and FILE also holds ``"cluster"``, the string. SIGTERM or SIGINT shut
 the cluster down (every actor and replica process on it with it) and remove FILE. SIGUSR1 removes
 a worker node, as if that machine were lost (for tests of node loss; the head stays).
 
@@ -31,6 +34,8 @@ import time
 from pathlib import Path
 
 from pollux.cluster.backend import NODE_RESOURCE_PREFIX, ray_env
+from pollux.cluster.gputypes import TYPE_RESOURCE_PREFIX
+from pollux.policy.clusterspec import parse_cluster
 
 #: Object store per virtual node: the service moves no data through Ray, so keep it small.
 OBJECT_STORE_BYTES = 80 * 1024 * 1024
@@ -100,12 +105,33 @@ def _probe_main(address: str, timeout_s: float = 5.0) -> int:
         return 1
 
 
+def node_specs(nodes: int, gpus_per_node: int, cluster: str | None) -> list[tuple[str, int, str | None]]:
+    """``(name, GPU slots, GPU type or None)`` of every virtual node: ``nodes`` untyped nodes
+    ``node-<i>`` of ``gpus_per_node`` slots, or the typed nodes ``cluster`` describes (ValueError
+    naming ``--cluster`` if it does not parse)."""
+    if cluster is None:
+        return [(f"node-{i}", gpus_per_node, None) for i in range(nodes)]
+    c = parse_cluster(cluster, where="--cluster")
+    return list(zip(c.nodes, c.gpus, c.node_types, strict=True))
+
+
+def node_args(name: str, gpus: int, gpu_type: str | None) -> dict:
+    """Arguments of ``ray.cluster_utils.Cluster.add_node`` for one virtual node."""
+    resources = {f"{NODE_RESOURCE_PREFIX}{name}": 1.0}
+    if gpu_type is not None:
+        resources[f"{TYPE_RESOURCE_PREFIX}{gpu_type}"] = float(gpus)
+    return {"num_cpus": 0, "num_gpus": gpus, "resources": resources,
+            "object_store_memory": OBJECT_STORE_BYTES}
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m pollux.cluster.rayhost", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--info", type=Path, help="where to write the cluster's address (JSON)")
     p.add_argument("--nodes", type=int, default=4)
     p.add_argument("--gpus-per-node", type=int, default=2)
+    p.add_argument("--cluster", metavar="SPEC", help="typed nodes, e.g. t4:2x2,a100:1x2 (replaces --nodes "
+                                                      "and --gpus-per-node)")
     p.add_argument("--probe", metavar="ADDRESS", help="only check the health of the cluster at ADDRESS")
     args = p.parse_args(argv)
     if args.probe:
@@ -114,6 +140,10 @@ def main(argv: list[str] | None = None) -> int:
         p.error("--info is required")
     if args.nodes < 1 or args.gpus_per_node < 1:
         p.error("--nodes and --gpus-per-node must be at least 1")
+    try:
+        specs = node_specs(args.nodes, args.gpus_per_node, args.cluster)
+    except ValueError as exc:
+        p.error(str(exc))
     os.environ.update(ray_env())
     from ray.cluster_utils import Cluster
 
@@ -124,20 +154,21 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGUSR1, lambda *_: lose.set())
     started = time.perf_counter()
 
-    def node_args(i: int) -> dict:
-        return {"num_cpus": 0, "num_gpus": args.gpus_per_node,
-                "resources": {f"{NODE_RESOURCE_PREFIX}node-{i}": 1},
-                "object_store_memory": OBJECT_STORE_BYTES}
-
-    cluster = Cluster(initialize_head=True, head_node_args={**node_args(0), "include_dashboard": False})
+    head = {**node_args(*specs[0]), "include_dashboard": False}
+    cluster = Cluster(initialize_head=True, head_node_args=head)
     try:
-        for i in range(1, args.nodes):
-            cluster.add_node(**node_args(i))
+        for spec in specs[1:]:
+            cluster.add_node(**node_args(*spec))
         cluster.wait_for_nodes()
-        write_json_atomic(args.info, {"address": cluster.address, "pid": os.getpid(), "nodes": args.nodes,
-                                      "gpus_per_node": args.gpus_per_node})
-        print(f"pollux rayhost: {args.nodes} node(s) x {args.gpus_per_node} GPU slot(s) at {cluster.address} "
-              f"in {time.perf_counter() - started:.1f} s", flush=True)
+        info = {"address": cluster.address, "pid": os.getpid(), "nodes": len(specs),
+                "gpus_per_node": args.gpus_per_node if args.cluster is None else None}
+        what = f"{args.nodes} node(s) x {args.gpus_per_node} GPU slot(s)"
+        if args.cluster is not None:
+            info["cluster"] = args.cluster
+            what = f"{len(specs)} typed node(s) ({args.cluster})"
+        write_json_atomic(args.info, info)
+        print(f"pollux rayhost: {what} at {cluster.address} in {time.perf_counter() - started:.1f} s",
+              flush=True)
         workers = list(cluster.worker_nodes)
         while not stop.wait(0.2):
             if lose.is_set():

@@ -124,7 +124,8 @@ def _why(exc: BaseException) -> str:
 
 
 def _fingerprint(hints: Mapping[str, Any] | None, cluster: Cluster) -> str:
-    return json.dumps([hints, list(cluster.nodes), list(cluster.gpus)], sort_keys=True, default=repr)
+    return json.dumps([hints, list(cluster.nodes), list(cluster.gpus), list(cluster.types)], sort_keys=True,
+                      default=repr)
 
 
 def _decide(policy: Policy, views: Sequence[JobView], cluster: Cluster, previous: Allocation,

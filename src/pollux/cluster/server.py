@@ -46,6 +46,7 @@ from pollux.cluster.statedir import (
     read_json,
     secure_state_dir,
 )
+from pollux.policy.clusterspec import parse_cluster
 
 __all__ = ["ServerError", "ServerInfo", "connect", "default_state_dir", "pid_alive", "spawn_rayhost", "start",
            "status", "stop", "stop_pid"]
@@ -165,9 +166,12 @@ def _wait_for(path: Path, proc: subprocess.Popen, timeout_s: float, what: str, l
     raise ServerError(f"{what} did not start within {timeout_s:.0f} s; last lines of {log}:\n{_tail(log)}")
 
 
-def spawn_rayhost(state_dir: Path, nodes: int, gpus_per_node: int, timeout_s: float = 180.0,
+def spawn_rayhost(state_dir: Path, nodes: int | str, gpus_per_node: int, timeout_s: float = 180.0,
                   on_spawn: Any = None, env: dict[str, str] | None = None) -> tuple[subprocess.Popen, str]:
     """Start an embedded Ray cluster's host process; returns it and the cluster's address.
+
+    ``nodes`` is a count of untyped nodes of ``gpus_per_node`` slots, or a typed cluster string
+    (``"t4:2x2,a100:1x2"``, whose GPU counts replace ``gpus_per_node``).
 
     Its output goes to ``state_dir/rayhost.log`` and its address to ``state_dir/ray.json``; ``env``
     is added to its environment (Ray's token authentication). Stop it with :func:`stop_pid` (SIGTERM
@@ -176,8 +180,9 @@ def spawn_rayhost(state_dir: Path, nodes: int, gpus_per_node: int, timeout_s: fl
     state = Path(state_dir)
     (state / "ray.json").unlink(missing_ok=True)
     log = state / "rayhost.log"
+    shape = ["--cluster", nodes] if isinstance(nodes, str) else ["--nodes", str(nodes)]
     host = _spawn([sys.executable, "-m", "pollux.cluster.rayhost", "--info", str(state / "ray.json"),
-                   "--nodes", str(nodes), "--gpus-per-node", str(gpus_per_node)], log,
+                   *shape, "--gpus-per-node", str(gpus_per_node)], log,
                   {**os.environ, **ray_env(), **(env or {})})
     if on_spawn is not None:
         on_spawn(host.pid)
@@ -251,19 +256,24 @@ def _running_service(state: Path) -> tuple[int, str | None] | None:
     return None
 
 
-def start(state_dir: Path, *, ray_address: str | None = None, local_nodes: int = 4, gpus_per_node: int = 2,
-          policy: str = "pollux", interval_s: float = 60.0, port: int = 0, stop_grace_s: float = 60.0,
-          max_retries: int = 3, seed: int = 0, timeout_s: float = 180.0, run_as: str | None = None,
-          progress: Any = None) -> ServerInfo:
+def start(state_dir: Path, *, ray_address: str | None = None, local_nodes: int | str = 4,
+          gpus_per_node: int = 2, policy: str = "pollux", interval_s: float = 60.0, port: int = 0,
+          stop_grace_s: float = 60.0, max_retries: int = 3, seed: int = 0, timeout_s: float = 180.0,
+          run_as: str | None = None, progress: Any = None) -> ServerInfo:
     """Start the server (or only its service, if the Ray host is still up); returns where it listens.
 
-    ``run_as`` runs the replicas as that OS user (the caller must be root). Raises
-    :class:`ServerError`, having started nothing or stopped what it started, if the folder is busy
-    (another start, a live service), its job store is damaged, or a process does not come up.
+    ``local_nodes`` is the embedded cluster's node count (untyped nodes of ``gpus_per_node`` slots)
+    or a typed cluster string such as ``"t4:2x2,a100:1x2"`` (``parse_cluster``; a bad one raises
+    :class:`ServerError` naming ``--local-nodes``). ``run_as`` runs the replicas as that OS user (the
+    caller must be root). Raises :class:`ServerError`, having started nothing or stopped what it
+    started, if the folder is busy (another start, a live service), its job store is damaged, or a
+    process does not come up.
     """
     say = progress or (lambda msg: None)
     try:
         check_run_as(run_as)
+        if isinstance(local_nodes, str):
+            parse_cluster(local_nodes, where="--local-nodes")
     except ValueError as exc:
         raise ServerError(str(exc)) from None
     state = Path(state_dir).resolve()
@@ -282,8 +292,8 @@ def start(state_dir: Path, *, ray_address: str | None = None, local_nodes: int =
                              timeout_s=timeout_s, run_as=run_as, say=say)
 
 
-def _start_locked(state: Path, *, ray_address: str | None, local_nodes: int, gpus_per_node: int, policy: str,
-                  interval_s: float, port: int, stop_grace_s: float, max_retries: int, seed: int,
+def _start_locked(state: Path, *, ray_address: str | None, local_nodes: int | str, gpus_per_node: int,
+                  policy: str, interval_s: float, port: int, stop_grace_s: float, max_retries: int, seed: int,
                   timeout_s: float, run_as: str | None, say: Any) -> ServerInfo:
     running = _running_service(state)
     if running is not None:
@@ -330,7 +340,9 @@ def _start_locked(state: Path, *, ray_address: str | None, local_nodes: int, gpu
             rayhost_pid = None
         if address is None:
             (state / "ray.json").unlink(missing_ok=True)
-            say(f"starting an embedded Ray cluster: {local_nodes} node(s) x {gpus_per_node} GPU slot(s)")
+            shape = (f"{local_nodes} node(s) x {gpus_per_node} GPU slot(s)" if isinstance(local_nodes, int)
+                     else f"typed nodes {local_nodes}")
+            say(f"starting an embedded Ray cluster: {shape}")
 
             def record(pid: int) -> None:
                 nonlocal spawned

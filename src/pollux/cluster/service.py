@@ -251,14 +251,21 @@ def _serve(args: argparse.Namespace, state: Path) -> int:
                 args.ray_address, time.perf_counter() - started, len(controller.nodes), counts["adopted"],
                 counts["orphans"])
 
+    seen_types: dict[str, str] = {}   # every typed node seen: a job's history names nodes gone since
+
+    def node_types() -> dict[str, str]:
+        seen_types.update({n.name: n.gpu_type for n in list(controller.nodes) if n.gpu_type})
+        return dict(seen_types)
+
     def cluster_info() -> dict[str, Any]:
-        return {"nodes": [{"name": n.name, "gpus": n.gpus, "address": n.address} for n in controller.nodes],
+        return {"nodes": [{"name": n.name, "gpus": n.gpus, "address": n.address, "gpu_type": n.gpu_type}
+                          for n in controller.nodes],
                 "total_gpus": sum(n.gpus for n in controller.nodes), "policy": scheduler.policy_name,
                 "interval_s": args.interval, "rounds": controller.rounds, "ray_address": args.ray_address,
                 "running_jobs": len(controller.groups), "run_as": args.run_as}
 
     app = create_app(store, token, log_dir=config.log_dir, on_change=controller.request_round,
-                     cluster_info=cluster_info,
+                     cluster_info=cluster_info, node_types=node_types,
                      node_resources=lambda: [dict(n.resources) for n in controller.nodes])
     server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False))
     api = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, name="api", daemon=True)
