@@ -127,6 +127,33 @@ def test_a_replica_asks_for_its_nodes_type_resource():
     assert out[0].resources == {"GPU": 1.0, "pollux_gpu_type_t4": 1.0}
     assert out[1].resources == {"GPU": 1.0}
     assert launch.resources == {"GPU": 1.0}   # the original launch is not changed
+    # the replica learns its type (the agent reports it as gpu_type in its hints); untyped: unset
+    assert out[0].env == {"POLLUX_GPU_TYPE": "t4"} and out[1].env == {} and launch.env == {}
+
+
+def test_a_type_aware_policy_sees_the_jobs_model_per_type():
+    """The service's view of a job for a type-aware policy: the model it reported per type (hints
+    v2), and on a type it has not run on yet its current model; a type-unaware one gets none."""
+    from pollux.cluster.scheduler import job_view
+    from pollux.goodput import GradStats, ThroughputParams
+    from pollux.hints import build_hints
+
+    slow = ThroughputParams(0.1, 0.01, 0.0, 0.0, 0.0, 0.0, 1.0)
+    fast = ThroughputParams(0.05, 0.002, 0.0, 0.0, 0.0, 0.0, 1.0)
+    hints = build_hints(slow, GradStats(1.0, 1.0), 32, 512, (8, 64), True, 2, 10.0, 0, gpu_type="t4",
+                        types={"a100": {"throughput": fast, "local_bsz_bounds": [8, 256]}})
+    with JobStore(":memory:") as store:
+        job = store.submit({"entrypoint": "train.py", "working_dir": "/tmp", "init_batch_size": 32,
+                            "max_batch_size": 512}, name="j")
+        view = job_view(store.get_job(job.id), hints, 100.0, 16, ("t4", "a100", "v100"))
+        plain = job_view(store.get_job(job.id), hints, 100.0, 16)
+    assert view.type_models is not None and view.type_limits is not None
+    assert set(view.type_models) == {"t4", "a100", "v100"}
+    assert view.type_models["a100"].throughput_params == fast
+    assert view.type_models["t4"].throughput_params == slow
+    assert view.type_models["v100"] is view.model                # not run there yet: its current model
+    assert view.type_limits["a100"].max_local_bsz == 256 and view.type_limits["t4"].max_local_bsz == 64
+    assert plain.type_models is None and plain.type_limits is None
 
 
 def test_embedded_nodes_untyped_by_default_typed_from_a_cluster_string():

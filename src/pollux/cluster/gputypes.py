@@ -24,6 +24,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import replace
 
 from pollux.cluster.backend_api import NodeInfo, ReplicaLaunch
+from pollux.contract import ENV_GPU_TYPE
 from pollux.policy.base import DEFAULT_GPU_TYPE, Cluster
 
 __all__ = ["ACCELERATOR_PREFIX", "ACCELERATOR_SHARE", "TYPE_RESOURCE_PREFIX", "cluster_of", "gpu_type_of",
@@ -89,12 +90,15 @@ def type_resource(node: NodeInfo, gpus_per_replica: float) -> dict[str, float]:
 
 def with_type_resources(launches: Sequence[ReplicaLaunch],
                         nodes: Mapping[str, NodeInfo]) -> list[ReplicaLaunch]:
-    """The launches, each also asking for its node's type resource (:func:`type_resource`)."""
+    """The launches, each also asking for its node's type resource (:func:`type_resource`) and
+    telling the replica its GPU type (``POLLUX_GPU_TYPE``, which the agent reports in its hints)."""
     out = []
     for s in launches:
         node = nodes.get(s.node)
         extra = type_resource(node, float(s.resources.get("GPU", 1.0))) if node is not None else {}
-        out.append(replace(s, resources={**s.resources, **extra}) if extra else s)
+        env = {**s.env, ENV_GPU_TYPE: node.gpu_type} if node is not None and node.gpu_type else s.env
+        out.append(replace(s, resources={**s.resources, **extra}, env=env) if extra or env is not s.env
+                   else s)
     return out
 
 

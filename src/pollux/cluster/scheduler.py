@@ -32,7 +32,7 @@ import numpy as np
 from pollux.cluster.launcher import gpus_per_replica
 from pollux.cluster.lifecycle import SCHEDULED_STATES
 from pollux.cluster.store import JobRecord, JobStore
-from pollux.hints import hints_to_model
+from pollux.hints import hints_to_model, hints_to_type_models
 from pollux.policy.base import (
     Allocation,
     Cluster,
@@ -42,7 +42,7 @@ from pollux.policy.base import (
     check_allocation,
     fixed_shape,
 )
-from pollux.policy.registry import make_policy
+from pollux.policy.registry import make_policy, policy_info
 
 logger = logging.getLogger("pollux.cluster")
 
@@ -55,7 +55,7 @@ REPLICA_BOUND = 2**16
 
 
 def job_view(job: JobRecord, hints: Mapping[str, Any] | None, now: float,
-             total_gpus: int | None = None) -> JobView:
+             total_gpus: int | None = None, gpu_types: Sequence[str] | None = None) -> JobView:
     """What a policy may know about a stored job.
 
     ``hints`` None (the job has reported none) leaves ``model``/``limits`` None, which the policies
@@ -64,6 +64,12 @@ def job_view(job: JobRecord, hints: Mapping[str, Any] | None, now: float,
     for the rigid baselines. Replica counts are clamped to ``total_gpus + 1`` (a job whose minimum
     exceeds the cluster still never fits), and a job whose replicas hold G > 1 GPU slots each asks
     for at least G. Raises what :func:`hints_to_model` raises for hints that do not validate.
+
+    ``gpu_types`` (given for a type-aware policy: the cluster's types) fills ``type_models`` /
+    ``type_limits``: the job's model on each type it has reported (hints v2 ``gpu_type``/``types``),
+    and on a type it has not run on yet its current model — the best guess until it runs there,
+    so that the policy may still choose the type (a type absent from ``type_models`` could not run
+    the job at all).
     """
     spec = job.spec
     total = None if total_gpus is None else max(int(total_gpus), 0)
@@ -76,8 +82,13 @@ def job_view(job: JobRecord, hints: Mapping[str, Any] | None, now: float,
     max_replicas = max(max_replicas, min_replicas, 1)
     model = limits = None
     seen = 0
+    type_models = type_limits = None
     if hints is not None:
         model, limits, seen = hints_to_model(hints)
+        if gpu_types is not None:
+            measured, measured_limits = hints_to_type_models(hints)
+            type_models = {t: measured.get(t, model) for t in gpu_types}
+            type_limits = {t: measured_limits.get(t, limits) for t in gpu_types}
     return JobView(
         id=job.id,
         submit_time=float(job.submit_time),
@@ -92,6 +103,8 @@ def job_view(job: JobRecord, hints: Mapping[str, Any] | None, now: float,
         limits=limits,
         max_replicas_seen=int(seen),
         fixed=fixed_shape(min_replicas, spec.init_batch_size),
+        type_models=type_models,
+        type_limits=type_limits,
     )
 
 
@@ -152,8 +165,9 @@ class _Isolation:
         self.notes[job_id] = (fingerprint, action, why)
 
     def views(self, jobs: Sequence[JobRecord], store: JobStore, cluster: Cluster, now: float,
-              excluded: dict[str, str]) -> tuple[list[JobView], dict[str, str]]:
+              excluded: dict[str, str], type_aware: bool = False) -> tuple[list[JobView], dict[str, str]]:
         views, prints = [], {}
+        types = cluster.type_names if type_aware else None
         stored = store.hints_of(j.id for j in jobs)   # one query for the round, not one per job
         for j in jobs:
             hints = stored.get(j.id)
@@ -165,7 +179,7 @@ class _Isolation:
                     continue
                 hints = None
             try:
-                views.append(job_view(j, hints, now, cluster.total_gpus))
+                views.append(job_view(j, hints, now, cluster.total_gpus, types))
                 continue
             except Exception as exc:
                 why = _why(exc)
@@ -206,6 +220,15 @@ class _Isolation:
         return keep
 
 
+def _type_aware(policy: Policy) -> bool:
+    """Whether ``policy`` reads per-type models: its registry entry says; a policy outside the
+    registry (tests, plug-ins) may say so itself with a ``type_aware`` attribute."""
+    try:
+        return policy_info(policy.name).type_aware
+    except ValueError:
+        return bool(getattr(policy, "type_aware", False))
+
+
 def schedule_once(store: JobStore, cluster: Cluster, policy: Policy, now: float,
                   rng: np.random.Generator, isolation: _Isolation | None = None) -> RoundResult:
     """Run one scheduling round; persists the policy state but writes no allocations.
@@ -217,7 +240,7 @@ def schedule_once(store: JobStore, cluster: Cluster, policy: Policy, now: float,
     isolation = _Isolation() if isolation is None else isolation
     jobs = store.list_jobs(SCHEDULED_STATES)
     excluded: dict[str, str] = {}
-    views, prints = isolation.views(jobs, store, cluster, now, excluded)
+    views, prints = isolation.views(jobs, store, cluster, now, excluded, type_aware=_type_aware(policy))
     previous: Allocation = {j.id: _clean(j.allocation) for j in jobs if _clean(j.allocation)}
     state = store.load_policy_state(policy.name)
     try:
