@@ -78,19 +78,40 @@ class EpochState:
 
 
 class _ProfileState:
-    """Checkpointed profile: step-time records, the last fit, the most replicas seen."""
+    """Checkpointed profile: step-time records, the last fit, the most replicas seen — per GPU type.
+
+    Step times measured on one GPU type say nothing exact about another, so a job restarted on
+    another type (heterogeneous clusters, issue 13) starts a fresh profile there, as a new job
+    would, and keeps the old type's records and fit aside (``ctx.other_types``): they come back if
+    the job returns to that type, and the hints report the fit of every type (``types``). Without
+    types (``POLLUX_GPU_TYPE`` unset) there is one profile, as before.
+    """
 
     def __init__(self, ctx: AgentContext) -> None:
         self.ctx = ctx
 
     def state_dict(self) -> dict[str, Any]:
         fit = self.ctx.fit_params
-        return {"profiler": self.ctx.profiler.state_dict(),
-                "fit": None if fit is None else fit.to_dict()}
+        out: dict[str, Any] = {"profiler": self.ctx.profiler.state_dict(),
+                               "fit": None if fit is None else fit.to_dict()}
+        if self.ctx.env.gpu_type is not None or self.ctx.other_types:
+            out["gpu_type"] = self.ctx.env.gpu_type
+            out["other_types"] = dict(self.ctx.other_types)
+        return out
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.ctx.profiler.load_state_dict(state["profiler"])
-        fit = state.get("fit")
+        others: dict[str, Any] = dict(state.get("other_types") or {})
+        saved, current = state.get("gpu_type"), self.ctx.env.gpu_type
+        mine: dict[str, Any] | None = {"profiler": state["profiler"], "fit": state.get("fit")}
+        if saved != current:
+            if saved is not None:
+                others[saved] = mine           # the type it ran on: kept aside
+            mine = others.pop(current, None) if current is not None else None
+        self.ctx.other_types = others
+        if mine is None:                       # a type it has not run on: a fresh profile
+            return
+        self.ctx.profiler.load_state_dict(mine["profiler"])
+        fit = mine.get("fit")
         self.ctx.fit_params = None if fit is None else ThroughputParams.from_dict(fit)
 
 
@@ -106,6 +127,8 @@ class AgentContext:
         interval = os.environ.get(ENV_REFIT_INTERVAL, "").strip()
         self.fitter = PeriodicFitter(float(interval) if interval else REFIT_INTERVAL_S)
         self.fit_params: ThroughputParams | None = None
+        #: Profiles of the other GPU types the job has run on: {type: {"profiler": state, "fit": params}}.
+        self.other_types: dict[str, dict[str, Any]] = {}
         self.reporter = HintReporter(env.scheduler_url, env.job_id, env.job_token)
         self.epoch_state = EpochState()
         self.registry.register("pollux_epoch", self.epoch_state)
@@ -138,6 +161,15 @@ class AgentContext:
             self._install_excepthook()
 
     # ---------------------------------------------------------------- identity
+
+    def type_hints(self, bounds: tuple[int, int]) -> dict[str, dict[str, Any]] | None:
+        """The hints' ``types``: the fit of every other GPU type the job has run on (with these
+        local batch bounds); None on an untyped cluster or before any other type."""
+        if self.env.gpu_type is None:
+            return None
+        out = {t: {"throughput": entry["fit"], "local_bsz_bounds": list(bounds)}
+               for t, entry in sorted(self.other_types.items()) if entry.get("fit") is not None}
+        return out or None
 
     @property
     def rank(self) -> int:

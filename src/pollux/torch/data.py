@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import logging
 import math
-import os
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -38,7 +37,7 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader, Dataset, IterableDataset
 
-from pollux.contract import ENV_BALANCE, ENV_GPU_TYPE
+from pollux.contract import ENV_BALANCE
 from pollux.goodput import BatchLimits
 from pollux.hints import build_hints
 from pollux.torch import decisions
@@ -436,7 +435,8 @@ class AdaptiveDataLoader:
             adp.progress if adp is not None else 0.0,
             ctx.epoch_state.epoch,
             balance=None if self._balance.report is None else self._balance.report.as_hints(),
-            gpu_type=os.environ.get(ENV_GPU_TYPE) or None,
+            gpu_type=ctx.env.gpu_type,
+            types=ctx.type_hints((self.min_local_bsz, hi if hi is not None else self.max_batch_size)),
         )
 
     def _report_hints(self, ctx: AgentContext) -> None:

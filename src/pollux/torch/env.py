@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 from pollux.contract import (
     ENV_CHECKPOINT_DIR,
+    ENV_GPU_TYPE,
     ENV_JOB_ID,
     ENV_JOB_TOKEN,
     ENV_MASTER_ADDR,
@@ -62,6 +63,8 @@ class AgentEnv:
     scheduler_url: str | None = None
     job_token: str | None = None
     source: str = "single"
+    #: The GPU type of this replica's node (``POLLUX_GPU_TYPE``; None on an untyped cluster).
+    gpu_type: str | None = None
 
     @property
     def distributed(self) -> bool:
@@ -182,4 +185,5 @@ def read_env(environ: Mapping[str, str] | None = None) -> AgentEnv:
         scheduler_url=_get(env, ENV_SCHEDULER_URL),
         job_token=_get(env, ENV_JOB_TOKEN),
         source=source,
+        gpu_type=_get(env, ENV_GPU_TYPE),
     )
