@@ -29,7 +29,10 @@ GPU_COUNTS = (1, 2, 4, 8, 16, 32, 64)
 GPUS_PER_NODE = 4
 #: ``--balance`` choices: LB-BSP batch balancing off, on, or each policy run both ways.
 BALANCE_CHOICES = ("off", "on", "both")
+#: GPU-seconds of the per-type bootstrap profile (one scheduling round's worth; an assumption).
+DEFAULT_BOOTSTRAP_S = 60.0
 
+nonnegative_float = _typed("number", float, lambda v: math.isfinite(v) and v >= 0, "a number >= 0")
 speed_factor = _typed("speed factor", float, lambda v: math.isfinite(v) and 0 < v <= 1, "a number in (0, 1]")
 
 
@@ -94,49 +97,90 @@ def _workload_files(arg: str) -> list[Path]:
 def cmd_simulate(args: argparse.Namespace) -> int:
     from dataclasses import replace
 
+    from pollux.policy.clusterspec import format_cluster
     from pollux.policy.registry import policy_names
     from pollux.sim import defaults
     from pollux.sim.balance import slow_node_speeds
-    from pollux.sim.engine import SimConfig
+    from pollux.sim.engine import SimConfig, sia_slowdown
+    from pollux.sim.hetero_report import (
+        add_type_json,
+        format_type_table,
+        typed_finish_time_fairness,
+        write_type_plots,
+    )
     from pollux.sim.report import finish_time_fairness, format_table, to_json, write_plots
-    from pollux.sim.runner import RunSpec, _profiles, run_many
+    from pollux.sim.runner import RunSpec, _profiles, _profiles_or_empty, run_many, typed_profiles
     from pollux.sim.workload import read_workload
 
     profiles_dir = _profiles_dir(args.profiles)
     workloads = _workload_files(args.workload) if args.workload else [defaults.workload_file()]
     policies = args.policy or list(policy_names(compare=True))
+    cluster = _cluster_arg(args.cluster)
+    typed = None
     try:
-        base = SimConfig(interval=args.interval, interference=args.interference, seed=args.seed)
-        if args.slow_nodes > base.num_nodes:
-            raise CliError(f"--slow-nodes: expected at most {base.num_nodes} (the cluster's nodes), "
+        base = SimConfig(interval=args.interval, interference=args.interference, seed=args.seed,
+                         cluster=cluster, bootstrap_s=args.bootstrap_s)
+        if args.slow_nodes > base.node_count:
+            raise CliError(f"--slow-nodes: expected at most {base.node_count} (the cluster's nodes), "
                            f"got {args.slow_nodes}", usage=True)
-        speeds = slow_node_speeds(base.num_nodes, args.slow_nodes, args.slow_factor)
+        speeds = slow_node_speeds(base.node_count, args.slow_nodes, args.slow_factor)
         balances = {"off": [False], "on": [True], "both": [False, True]}[args.balance]
+        if cluster is not None and cluster.types:
+            typed = typed_profiles(profiles_dir, cluster.type_names)
+            profiles = _profiles_or_empty(profiles_dir)
+        else:
+            profiles = _profiles(profiles_dir)
+        known = set(profiles) | set(typed or {})
+        if args.slowdown == "sia":
+            base = replace(base, slowdown=sia_slowdown(sorted(known)))
         configs = [replace(base, node_speed=speeds, balance=b) for b in balances]
-        profiles = _profiles(profiles_dir)
         for w in workloads:                      # validate every file before any long run starts
-            read_workload(w, applications=profiles)
+            read_workload(w, applications=known)
     except ValueError as exc:                    # a malformed profile or workload, named in the message
         raise CliError(str(exc)) from exc
     config = configs[0]
     specs = [RunSpec(w, name, c) for w in workloads for name in policies for c in configs]
     slow = (f", {args.slow_nodes} node(s) at speed {args.slow_factor:g}" if args.slow_nodes else "")
+    shape = (format_cluster(cluster) if cluster is not None
+             else f"{config.num_nodes} x {config.gpus_per_node} GPUs")
     print(f"simulating {len(workloads)} workload(s) x {len(policies)} policy(ies) "
-          f"({len(specs)} runs) on {config.num_nodes} x {config.gpus_per_node} GPUs{slow}, "
-          f"balancing {args.balance} ...", file=sys.stderr)
+          f"({len(specs)} runs) on {shape}{slow}, balancing {args.balance} ...", file=sys.stderr)
     results = run_many(specs, profiles_dir, processes=args.processes, progress=not args.quiet)
-    total = config.num_nodes * config.gpus_per_node
+    total = config.make_cluster().total_gpus
     for res in results:
-        finish_time_fairness(res, profiles, total)
+        if typed is not None:
+            typed_finish_time_fairness(res, typed)
+        else:
+            finish_time_fairness(res, profiles, total)
     print(format_table(results))
+    if typed is not None:
+        print()
+        print(format_type_table(results))
     if args.json:
+        data = to_json(results)
+        if typed is not None:
+            add_type_json(data, results)
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps(to_json(results), indent=1) + "\n")
+        Path(args.json).write_text(json.dumps(data, indent=1) + "\n")
         print(f"wrote {args.json}", file=sys.stderr)
     if args.plots:
         for path in write_plots(results, Path(args.plots)):
             print(f"wrote {path}", file=sys.stderr)
+        for path in write_type_plots(results, Path(args.plots)):
+            print(f"wrote {path}", file=sys.stderr)
     return 0
+
+
+def _cluster_arg(arg: str | None) -> Any:
+    """``--cluster``: a file naming the nodes, or a string like ``aws:6x4,rtx:3x8`` (None: default)."""
+    if arg is None:
+        return None
+    from pollux.policy.clusterspec import load_cluster, parse_cluster
+
+    try:
+        return load_cluster(arg) if Path(arg).is_file() else parse_cluster(arg, where="--cluster")
+    except ValueError as exc:
+        raise CliError(str(exc), usage=not Path(arg).is_file()) from exc
 
 
 def cmd_workload(args: argparse.Namespace) -> int:
@@ -193,6 +237,16 @@ def add_sim_commands(sub: Any) -> None:
                    help="LB-BSP balancing of the jobs' local batches: off, on, or both (each policy "
                         "run without and with it; the balanced runs are labelled POLICY+lbbsp). "
                         "Default off")
+    p.add_argument("--cluster", metavar="SPEC_OR_FILE",
+                   help="GPU types and nodes, e.g. aws:6x4,rtx:3x8,dgx-ext:2x8 (or a file of such "
+                        "entries); profiles are then read per type (placements-<type>.csv). "
+                        "Default: 16 x 4 untyped GPUs")
+    p.add_argument("--slowdown", choices=("none", "sia"), default="none",
+                   help="speed calibration: 'sia' multiplies step times by Sia's per-application "
+                        "factors (cifar10 1.8, ncf 1.5, gpt_pmp 1.0, others 1.2). Default none")
+    p.add_argument("--bootstrap-s", type=nonnegative_float, default=DEFAULT_BOOTSTRAP_S, metavar="S",
+                   help="GPU-seconds charged per GPU type for a job's 1-GPU bootstrap profile under a "
+                        "type-aware policy on a typed cluster (default %(default)s)")
     p.add_argument("--processes", type=positive_int, default=None,
                    help="parallel processes (default: one per run, at most the CPU count)")
     p.add_argument("--json", metavar="OUT", help="write results as JSON to OUT")

@@ -49,6 +49,16 @@ def _fifo(**options: Any) -> Policy:
     return FifoPolicy(**options)
 
 
+def _gavel(**options: Any) -> Policy:
+    from pollux.policy.gavel import GavelPolicy
+    return GavelPolicy(**options)
+
+
+def _sia(**options: Any) -> Policy:
+    from pollux.policy.sia import SiaPolicy
+    return SiaPolicy(**options)
+
+
 @dataclass(frozen=True, slots=True)
 class PolicyInfo:
     """One registered policy: its name, a one-line summary, its capabilities and its factory."""
@@ -80,6 +90,10 @@ REGISTRY: dict[str, PolicyInfo] = {
                    ELASTIC, True, _optimus),
         PolicyInfo("fifo", "first come, first served with the user's replicas",
                    RIGID, False, _fifo, default_compare=False),
+        PolicyInfo("gavel", "Gavel: max-sum-throughput GPU-type fractions by LP, rounds, user's replicas",
+                   RIGID, False, _gavel, default_compare=False, type_aware=True),
+        PolicyInfo("sia", "Sia: one (GPU type, count) per job by a goodput MILP, then placement",
+                   ADAPTIVE, False, _sia, default_compare=False, type_aware=True),
     )
 }
 

@@ -14,7 +14,7 @@ from typing import Any
 from pollux.sim.csvrows import read_rows
 from pollux.sim.profile_meta import AppMeta
 
-__all__ = ["infer_metadata"]
+__all__ = ["infer_metadata", "throughput_files"]
 
 PLACEMENTS_FILE = "placements.csv"
 SCALABILITY_FILE = "scalability.csv"
@@ -24,6 +24,10 @@ VALIDATION_COLUMNS = ("progress", "iteration", "metric", "grad_sqr", "grad_var")
 
 _VALIDATION_NAME = re.compile(r"validation-(.+)\.csv")
 _PLACEMENT_STRING = re.compile(r"[0-9]+")
+#: The GPU type of an untyped cluster (``pollux.policy.base.DEFAULT_GPU_TYPE``): un-suffixed files.
+UNTYPED = "gpu"
+#: The GPU type the un-suffixed files were measured on (T4, AWS g4dn).
+UNSUFFIXED_TYPE = "aws"
 
 
 def _number(
@@ -74,13 +78,25 @@ def _columns(path: Path, columns: Sequence[str], specs: dict[str, dict]) -> dict
     return out
 
 
-def _read_app(app_dir: Path) -> dict[str, Any]:
+def throughput_files(app_dir: Path, gpu_type: str | None = None) -> tuple[Path, Path]:
+    """(placements, scalability) files of ``gpu_type`` in ``app_dir``.
+
+    ``None`` or the untyped ``"gpu"`` type reads the un-suffixed files (the T4 profiles of the Pollux
+    artifact); ``"aws"`` reads ``placements-aws.csv`` when present, else the un-suffixed files (they are
+    the same T4 measurements); any other type reads ``placements-<type>.csv``/``scalability-<type>.csv``.
+    """
     app_dir = Path(app_dir)
-    if not app_dir.is_dir():
-        raise FileNotFoundError(f"{app_dir}: profile directory not found")
-    pl_path = app_dir / PLACEMENTS_FILE
+    if gpu_type is None or gpu_type == UNTYPED:
+        return app_dir / PLACEMENTS_FILE, app_dir / SCALABILITY_FILE
+    typed = app_dir / f"placements-{gpu_type}.csv", app_dir / f"scalability-{gpu_type}.csv"
+    if gpu_type == UNSUFFIXED_TYPE and not typed[0].is_file():
+        return app_dir / PLACEMENTS_FILE, app_dir / SCALABILITY_FILE
+    return typed
+
+
+def _read_throughput(pl_path: Path, sc_path: Path) -> tuple[dict[str, list], dict[str, list]]:
+    """The placement and scalability columns (read by header name), checked row by row."""
     pl = _columns(pl_path, PLACEMENT_COLUMNS, {"local_bsz": {"positive": True}})
-    sc_path = app_dir / SCALABILITY_FILE
     sc = _columns(
         sc_path,
         SCALABILITY_COLUMNS,
@@ -93,7 +109,11 @@ def _read_app(app_dir: Path) -> dict[str, Any]:
     for line, n, r in zip(sc["_line"], sc["num_nodes"], sc["num_replicas"], strict=True):
         if r < n:
             raise ValueError(f"{sc_path}, line {line}, field num_replicas: {r:g} replicas on {n:g} nodes")
+    return pl, sc
 
+
+def _read_validation(app_dir: Path) -> list[tuple[int, Path, dict[str, list]]]:
+    """The validation files of an application, sorted by batch size (shared by every GPU type)."""
     val_files = []
     for p in sorted(app_dir.glob("validation-*.csv")):
         match = _VALIDATION_NAME.fullmatch(p.name)
@@ -125,6 +145,18 @@ def _read_app(app_dir: Path) -> dict[str, Any]:
     if len(n_rows) > 1:
         counts = ", ".join(f"{p} ({len(v['progress'])})" for _, p, v in vals)
         raise ValueError(f"{app_dir}: validation files differ in row count (one row per epoch): {counts}")
+    return vals
+
+
+def _read_app(app_dir: Path, gpu_type: str | None = None,
+              validation: list[tuple[int, Path, dict[str, list]]] | None = None) -> dict[str, Any]:
+    """An application's files: the throughput files of ``gpu_type`` (:func:`throughput_files`) and
+    the validation files (``validation`` when already read for another type)."""
+    app_dir = Path(app_dir)
+    if not app_dir.is_dir():
+        raise FileNotFoundError(f"{app_dir}: profile directory not found")
+    pl, sc = _read_throughput(*throughput_files(app_dir, gpu_type))
+    vals = validation if validation is not None else _read_validation(app_dir)
     return {
         "dir": app_dir,
         "placements": pl,

@@ -120,7 +120,8 @@ def _key_shape(key: str) -> tuple[int, int]:
 class AppProfile:
     """One application's measured throughput and gradient statistics, with fast memoised lookups.
 
-    Public attributes: ``name``, ``meta``, ``epoch_ends`` (shape ``(epochs,)``: progress at which epoch
+    Public attributes: ``name``, ``meta``, ``gpu_type`` (None for the un-suffixed files),
+    ``epoch_ends`` (shape ``(epochs,)``: progress at which epoch
     e ends, the minimum over measured B), ``batch_sizes`` (measured global batch sizes, sorted) and the
     per-B validation arrays ``progress``, ``iterations``, ``metric``, ``grad_sqr``, ``grad_var`` (shape
     ``(len(batch_sizes), epochs)``). All arrays are read-only.
@@ -139,6 +140,7 @@ class AppProfile:
         metric: Any,
         grad_sqr: Any,
         grad_var: Any,
+        gpu_type: str | None = None,
     ) -> None:
         self._args = (name, meta)
         self._kwargs = dict(
@@ -150,9 +152,12 @@ class AppProfile:
             metric=metric,
             grad_sqr=grad_sqr,
             grad_var=grad_var,
+            gpu_type=gpu_type,
         )
         self.name = name
         self.meta = meta
+        #: The GPU type these throughput rows were measured on (None: the un-suffixed files).
+        self.gpu_type = gpu_type
 
         # Placement rows, normalised and grouped by key.
         raw_keys = [placement_key(k) for k in placement_rows[0]]
@@ -384,7 +389,7 @@ def _build_interpolator(nodes, replicas, lbs, step, sync) -> LinearNDInterpolato
         return None
 
 
-def _build(name: str, raw: dict[str, Any], meta: AppMeta) -> AppProfile:
+def _build(name: str, raw: dict[str, Any], meta: AppMeta, gpu_type: str | None = None) -> AppProfile:
     epochs = meta.epochs
     vals = raw["validation"]
     rows = len(vals[0][2]["progress"])
@@ -414,6 +419,7 @@ def _build(name: str, raw: dict[str, Any], meta: AppMeta) -> AppProfile:
         metric=stack("metric"),
         grad_sqr=stack("grad_sqr"),
         grad_var=stack("grad_var"),
+        gpu_type=gpu_type,
     )
 
 

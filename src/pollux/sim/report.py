@@ -53,7 +53,7 @@ def _profile_key(profile: AppProfile) -> tuple[Hashable, ...]:
     except TypeError:
         meta_key = repr(meta)
     ends = tuple(float(x) for x in profile.epoch_ends)
-    return (name, meta_key, ends)
+    return (name, getattr(profile, "gpu_type", None), meta_key, ends)
 
 
 def packed_placement(gpus: int, gpus_per_node: int = GPUS_PER_NODE) -> list[int]:
@@ -62,13 +62,14 @@ def packed_placement(gpus: int, gpus_per_node: int = GPUS_PER_NODE) -> list[int]
     return packed_shape(gpus, gpus_per_node)
 
 
-def _candidates(profile: AppProfile, gpus: int) -> list[tuple[int, float]]:
+def _candidates(profile: AppProfile, gpus: int, gpus_per_node: int = GPUS_PER_NODE
+                ) -> list[tuple[int, float]]:
     """Feasible (total batch M, iteration time) pairs on ``gpus`` packed GPUs (deduplicated by M)."""
     limits = profile.meta.limits(accumulation=True)
     cands, exists = batch_candidates(gpus, limits)
     if not exists[0]:
         return []
-    placement = packed_placement(gpus)
+    placement = packed_placement(gpus, gpus_per_node)
     _, ms, ss, within = accumulation_plan(cands[0], gpus, limits)
     step_cache: dict[int, tuple[float, float]] = {}
     out: dict[int, float] = {}
@@ -88,8 +89,8 @@ def _candidates(profile: AppProfile, gpus: int) -> list[tuple[int, float]]:
     return sorted(out.items())
 
 
-def _isolated_jct(profile: AppProfile, gpus: int) -> float:
-    cands = _candidates(profile, gpus)
+def _isolated_jct(profile: AppProfile, gpus: int, gpus_per_node: int = GPUS_PER_NODE) -> float:
+    cands = _candidates(profile, gpus, gpus_per_node)
     if not cands:
         return math.nan
     m0 = float(profile.meta.init_batch_size)
@@ -110,8 +111,9 @@ def _isolated_jct(profile: AppProfile, gpus: int) -> float:
     return total
 
 
-def isolated_jct(profile: AppProfile, gpus: int) -> float:
-    """JCT of the job run alone on ``gpus`` GPUs packed on as few 4-GPU nodes as possible.
+def isolated_jct(profile: AppProfile, gpus: int, gpus_per_node: int = GPUS_PER_NODE) -> float:
+    """JCT of the job run alone on ``gpus`` GPUs packed on as few nodes as possible (4 GPUs per
+    node unless ``gpus_per_node`` says otherwise: the nodes of a GPU type).
 
     At every epoch the job runs its best configuration for that share by *true* goodput: over 50
     geometric total batches ``M`` from ``max(M0, min_local·g)`` to ``max_batch_size``, the smallest
@@ -126,13 +128,14 @@ def isolated_jct(profile: AppProfile, gpus: int) -> float:
     gpus = int(gpus)
     if gpus < 1:
         raise ValueError(f"gpus: must be >= 1, got {gpus}")
-    key = (*_profile_key(profile), gpus)
+    key = (*_profile_key(profile), gpus) if gpus_per_node == GPUS_PER_NODE else \
+        (*_profile_key(profile), gpus, gpus_per_node)
     cached = _ISO_CACHE.get(key)
     if cached is not None:
         return cached
     value = math.nan
     for g in range(gpus, 0, -1):
-        value = _isolated_jct(profile, g)
+        value = _isolated_jct(profile, g, gpus_per_node)
         if math.isfinite(value):
             break
     if not math.isfinite(value):
@@ -518,7 +521,9 @@ def write_plots(results: Sequence[SimResult], out_dir: Path | str) -> list[Path]
             t = np.asarray(r.timeline["time"], dtype=np.float64) / 3600.0
             ax_gpu.step(t, r.timeline["allocated_gpus"], where="post", label=r.policy)
             ax_eff.step(t, r.timeline["efficiency"], where="post", label=r.policy)
-        gpus = [r.config.num_nodes * r.config.gpus_per_node for r in runs if hasattr(r.config, "num_nodes")]
+        gpus = [r.config.make_cluster().total_gpus if hasattr(r.config, "make_cluster")
+                else r.config.num_nodes * r.config.gpus_per_node
+                for r in runs if hasattr(r.config, "num_nodes")]
         if gpus:
             ax_gpu.axhline(max(gpus), color="grey", linestyle=":", linewidth=1, label="cluster GPUs")
         ax_gpu.set_ylabel("GPUs allocated")

@@ -12,9 +12,11 @@ from typing import Any
 from pollux.policy.registry import make_policy
 from pollux.sim.engine import SimConfig, SimResult, log_progress, simulate
 from pollux.sim.profiles import AppProfile, load_profiles
+from pollux.sim.typed_profiles import TypedProfiles, load_typed_profiles
 from pollux.sim.workload import read_workload
 
 _PROFILE_CACHE: dict[str, dict[str, AppProfile]] = {}
+_TYPED_CACHE: dict[tuple[str, tuple[str, ...]], TypedProfiles] = {}
 
 
 @dataclass(frozen=True)
@@ -32,12 +34,32 @@ def _profiles(root: Path) -> dict[str, AppProfile]:
     return _PROFILE_CACHE[key]
 
 
+def _profiles_or_empty(root: Path) -> dict[str, AppProfile]:
+    """The untyped profiles, or none when no application has un-suffixed files (typed data only)."""
+    try:
+        return _profiles(root)
+    except FileNotFoundError:
+        return {}
+
+
+def typed_profiles(root: Path, types: tuple[str, ...]) -> TypedProfiles:
+    """:func:`pollux.sim.typed_profiles.load_typed_profiles` of ``types``, cached per process."""
+    key = (str(root.resolve()), tuple(types))
+    if key not in _TYPED_CACHE:
+        _TYPED_CACHE[key] = load_typed_profiles(root, types)
+    return _TYPED_CACHE[key]
+
+
 def run_one(spec: RunSpec, profiles_dir: Path, progress: bool = False) -> SimResult:
-    profiles = _profiles(profiles_dir)
-    jobs = read_workload(spec.workload, applications=profiles)
+    cluster = spec.config.cluster
+    typed = typed_profiles(profiles_dir, cluster.type_names) if cluster is not None and cluster.types \
+        else None
+    profiles = _profiles_or_empty(profiles_dir) if typed is not None else _profiles(profiles_dir)
+    known = set(profiles) | set(typed or {})
+    jobs = read_workload(spec.workload, applications=known)
     policy = make_policy(spec.policy, **dict(spec.policy_options))
     return simulate(jobs, profiles, policy, spec.config, workload_name=spec.workload.stem,
-                    progress=log_progress if progress else None)
+                    progress=log_progress if progress else None, typed_profiles=typed)
 
 
 def _worker(args: tuple[RunSpec, Path, bool]) -> SimResult:

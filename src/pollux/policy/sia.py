@@ -1,0 +1,268 @@
+"""Sia: heterogeneity-aware goodput scheduling by a mixed-integer program (issue 13; SPEC §10).
+
+Every round, for every job at most one configuration (GPU type t, GPU count n) is chosen by a
+mixed-integer program solved with :func:`scipy.optimize.milp` (HiGHS), then the chosen counts are
+placed on nodes of their type.
+
+The program, over binary ``x[j, c]`` (job j takes configuration c of :mod:`.sia_configs`)::
+
+    minimise    Σ_j Σ_c x[j,c] · cost[j,c]  +  Σ_j (1 − Σ_c x[j,c]) · idle_cost[j]
+    subject to  Σ_c x[j,c] ≤ 1                               (one configuration per job)
+                Σ_{j, c of type t} n_c · x[j,c] ≤ free_t       (GPUs per type)
+
+``cost = (G · f)^p`` (p = −0.5: the power-mean utility of the Pollux problem, normalised goodput G,
+re-allocation factor f on changed configurations) plus λ_a on the changed configurations of a
+running job, and ``idle_cost = λ_n ×`` the dearest of the job's cheapest configurations
+(λ_n = 1.1), so leaving a job out is always worse than running it somewhere — see
+:mod:`.sia_configs`. λ_a trades a little JCT for fewer restarts; by default it is Sia's 0.01 on a
+one-type cluster and 0.07 on a cluster of several types, where moves between types add restarts
+(measurements at :data:`LAMBDA_A_MIXED`). Min/max replicas, the exploration cap and rigid jobs are
+encoded in which configurations exist; pinned jobs (not preemptible and running) keep their GPUs
+exactly and are taken off the capacity first. The program is solved to optimality
+(``mip_rel_gap``); an optimum is checked against brute force in ``tests/test_policy_sia.py``.
+HiGHS runs without its LP presolve: on these multiple-choice knapsacks it was faster without.
+(HiGHS 1.12 may print a stray ``HighsMipSolverData::transformNewIntegerFeasibleSolution`` line
+to stdout, an upstream debug print, ERGO-Code/HiGHS#2783; it does not affect the result.)
+
+Placement (per type, nodes of that type only): jobs whose configuration is unchanged keep their
+nodes; the others, largest first, go on one node when they fit one (the fullest node that fits,
+to keep whole nodes free), else packed on the fewest nodes that hold no other distributed job (at
+most one distributed job per node, SPEC §5). A chosen count that cannot be placed because the free
+GPUs of its type are fragmented falls back to the job's next smaller candidate count on that type
+that can (and to no GPUs if none can); such jobs are listed in the state's ``fallbacks``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+from scipy.optimize import Bounds, LinearConstraint, milp
+from scipy.sparse import csr_array, vstack
+
+from pollux.goodput.threads import one_blas_thread
+from pollux.policy.base import Allocation, Cluster, JobView, PolicyState
+from pollux.policy.placement import place_packed
+from pollux.policy.sia_configs import ConfigTable, GoodputCache, build_configs, check_options
+
+#: Version tag of the (diagnostic) state this policy returns.
+STATE_VERSION = 1
+#: Default λ_a on a one-type cluster and on a cluster of several types (measured, seed 0: on the 8
+#: pollux-osdi21 workloads, 16 x 4, λ_a 0 / 0.01 / 0.02 / 0.05 gave mean average JCT 2739 / 2728 /
+#: 2745 / 2829 s and 3.34 / 2.91 / 2.74 / 2.29 restarts per job; on sia-sosp23 Philly workloads 1-3,
+#: aws:6x4,rtx:3x8,dgx-ext:2x8, λ_a 0.01 / 0.05 / 0.07 / 0.1 gave 1844 / 1905 / 2003 (w1-4) / 1980 s
+#: and 3.81 / 3.14 / 2.91 (w1-4) / 2.50 restarts per job — type moves add restarts there).
+LAMBDA_A_ONE_TYPE = 0.01
+LAMBDA_A_MIXED = 0.07
+
+
+def priority_key(job: JobView, pinned: bool) -> tuple[bool, float, float, str]:
+    """Pollux's priority: pinned, then least attained service, then submission time, then id."""
+    return (not pinned, float(job.attained_service), float(job.submit_time), job.id)
+
+
+def solve(table: ConfigTable, free_by_type: np.ndarray, *, mip_rel_gap: float = 1e-7,
+          time_limit_s: float = 30.0) -> tuple[np.ndarray, float, int]:
+    """Solve the program of one round: (chosen configuration per job or −1, objective, status).
+
+    The objective returned includes the idle costs (the constant ``Σ idle_cost`` is added back),
+    so it is comparable with a brute-force sum over jobs.
+    """
+    num_jobs = len(table.job_ids)
+    choice = np.full(num_jobs, -1, dtype=np.int64)
+    base = float(table.idle_cost.sum())
+    k = table.size
+    if k == 0:
+        return choice, base, 0
+    c = table.cost - table.idle_cost[table.job]
+    cols = np.arange(k)
+    per_job = csr_array((np.ones(k), (table.job, cols)), shape=(num_jobs, k))
+    per_type = csr_array((table.count.astype(np.float64), (table.gtype, cols)),
+                         shape=(len(table.types), k))
+    a = vstack([per_job, per_type], format="csr")
+    ub = np.concatenate([np.ones(num_jobs), free_by_type.astype(np.float64)])
+    res = milp(c, constraints=LinearConstraint(a, -np.inf, ub), integrality=np.ones(k),
+               bounds=Bounds(0.0, 1.0),
+               options={"mip_rel_gap": float(mip_rel_gap), "time_limit": float(time_limit_s),
+                        "presolve": False})
+    if res.x is None:                       # nothing found (time limit before a first solution)
+        return choice, base, int(res.status)
+    x = np.rint(res.x).astype(bool)
+    chosen = np.flatnonzero(x)
+    choice[table.job[chosen]] = chosen
+    return choice, float(base + c[chosen].sum()), int(res.status)
+
+
+def objective(table: ConfigTable, choice: np.ndarray) -> float:
+    """The program's objective of a choice (configuration index per job, −1 for none)."""
+    on = choice >= 0
+    return float(table.cost[choice[on]].sum() + table.idle_cost[~on].sum())
+
+
+class _Nodes:
+    """Free GPUs and distributed-job owners of the nodes while one round's choices are placed."""
+
+    def __init__(self, cluster: Cluster, pinned_rows: np.ndarray) -> None:
+        self.free = cluster.capacity() - pinned_rows.sum(axis=0)
+        self.owner = np.full(cluster.num_nodes, -1, dtype=np.int64)
+        self.type_of = cluster.type_index()
+        for j in np.flatnonzero(np.count_nonzero(pinned_rows, axis=1) > 1):
+            self.owner[pinned_rows[j] > 0] = -2 - j        # pinned distributed jobs own their nodes
+
+    def take(self, row: np.ndarray, tag: int) -> None:
+        self.free -= row
+        if np.count_nonzero(row) > 1:
+            self.owner[row > 0] = tag
+
+    def fits_as_is(self, row: np.ndarray, tag: int) -> bool:
+        if (row > self.free).any():
+            return False
+        if np.count_nonzero(row) > 1:
+            held = self.owner[row > 0]
+            return bool(((held == -1) | (held == tag)).all())
+        return True
+
+    def place(self, t: int, n: int) -> np.ndarray | None:
+        """GPUs per node for ``n`` GPUs on type ``t``: the fullest single node that fits, else
+        packed on the fewest nodes free of other distributed jobs; None if neither works."""
+        mine = self.type_of == t
+        fit = np.flatnonzero(mine & (self.free >= n))
+        row = np.zeros_like(self.free)
+        if fit.size:
+            node = int(fit[np.argmin(self.free[fit])])          # first minimum: lowest index
+            row[node] = n
+            return row
+        ok = mine & (self.owner == -1)
+        packed = place_packed(n, np.where(ok, self.free, 0))
+        return packed
+
+
+class SiaPolicy:
+    """Heterogeneity-aware goodput scheduling: a (type, count) per job by a MILP, then placement.
+
+    Parameters
+    ----------
+    p: fairness power of the per-job utility (−0.5 as Sia; must be non-zero).
+    lambda_n: the cost of leaving a job without GPUs, as a multiple of its worst configuration's
+        cost (> 1; 1.1 as Sia).
+    restart_penalty_s: δ of the re-allocation factor ``(T − R·δ)/(T + δ)`` (SPEC §5).
+    min_factor: floor of that factor, so a brand-new job still ranks its configurations.
+    lambda_a: flat cost of changing a running job's configuration or stopping it (Sia's λ_a);
+        None: :data:`LAMBDA_A_ONE_TYPE` on a one-type cluster, :data:`LAMBDA_A_MIXED` otherwise.
+    rigid_fixed: give every job exactly its ``fixed`` replicas (TunedJobs-style rigid jobs; the
+        simulator and the service fill ``fixed`` for every job, so it cannot mark rigidity by
+        itself). Without it a job is rigid when ``min_replicas == max_replicas``.
+    mip_rel_gap, time_limit_s: HiGHS options (the gap is tight enough to return the optimum).
+    cache: how many goodput arrays to memoise across rounds (a pure function of their key).
+
+    ``decide`` returns the allocation and a JSON state of diagnostics (objective, solver status,
+    the chosen configuration per job, the jobs whose count fell back at placement); the policy
+    reads nothing from it, since the current configuration is in the job views.
+    """
+
+    name = "sia"
+
+    def __init__(self, p: float = -0.5, lambda_n: float = 1.1, restart_penalty_s: float = 30.0,
+                 min_factor: float = 0.1, *, lambda_a: float | None = None, rigid_fixed: bool = False,
+                 mip_rel_gap: float = 1e-7, time_limit_s: float = 30.0, cache: int = 4096) -> None:
+        check_options(float(p), float(lambda_n), float(restart_penalty_s), float(min_factor))
+        self.p = float(p)
+        self.lambda_n = float(lambda_n)
+        self.restart_penalty_s = float(restart_penalty_s)
+        self.min_factor = float(min_factor)
+        self.rigid_fixed = bool(rigid_fixed)
+        if lambda_a is not None and not 0.0 <= lambda_a < float("inf"):
+            raise ValueError(f"lambda_a: must be finite and >= 0 (or None), got {lambda_a!r}")
+        self.lambda_a = None if lambda_a is None else float(lambda_a)
+        self.mip_rel_gap = float(mip_rel_gap)
+        self.time_limit_s = float(time_limit_s)
+        self._cache = GoodputCache(cache)
+
+    def table(self, jobs: Sequence[JobView], cluster: Cluster,
+              free_by_type: np.ndarray) -> ConfigTable:
+        """This round's configurations of ``jobs`` (in the given order; no pinned jobs)."""
+        return build_configs(jobs, cluster, free_by_type, p=self.p, lambda_n=self.lambda_n,
+                             restart_penalty_s=self.restart_penalty_s, min_factor=self.min_factor,
+                             rigid_fixed=self.rigid_fixed, cache=self._cache,
+                             lambda_a=self.lambda_a_for(cluster))
+
+    def lambda_a_for(self, cluster: Cluster) -> float:
+        """λ_a on ``cluster``: the option, or the default for one type or several."""
+        if self.lambda_a is not None:
+            return self.lambda_a
+        return LAMBDA_A_MIXED if cluster.heterogeneous else LAMBDA_A_ONE_TYPE
+
+    @one_blas_thread
+    def decide(
+        self,
+        jobs: Sequence[JobView],
+        cluster: Cluster,
+        state: PolicyState | None,
+        now: float,
+        rng: np.random.Generator,
+    ) -> tuple[Allocation, PolicyState]:
+        out_state: dict[str, Any] = {"version": STATE_VERSION, "objective": 0.0, "status": 0,
+                                     "configs": {}, "fallbacks": []}
+        if not jobs or cluster.num_nodes == 0 or cluster.total_gpus == 0:
+            return {}, out_state
+        idx = cluster.index()
+        rows = np.zeros((len(jobs), cluster.num_nodes), dtype=np.int64)
+        for i, job in enumerate(jobs):
+            for node, g in job.allocation.items():
+                if node in idx and g > 0:
+                    rows[i, idx[node]] += int(g)
+        pinned = np.array([not job.preemptible for job in jobs]) & (rows.sum(axis=1) > 0)
+        order = sorted(range(len(jobs)), key=lambda i: priority_key(jobs[i], bool(pinned[i])))
+        nodes = _Nodes(cluster, rows[pinned])
+        alloc: Allocation = {}
+        for i in order:
+            if pinned[i]:
+                alloc[jobs[i].id] = {cluster.nodes[n]: int(rows[i, n]) for n in np.flatnonzero(rows[i])}
+        free_by_type = np.bincount(nodes.type_of, weights=np.maximum(nodes.free, 0),
+                                   minlength=len(cluster.type_names)).astype(np.int64)
+        movable = [i for i in order if not pinned[i]]
+        table = self.table([jobs[i] for i in movable], cluster, free_by_type)
+        choice, value, status = solve(table, free_by_type, mip_rel_gap=self.mip_rel_gap,
+                                      time_limit_s=self.time_limit_s)
+        fallbacks = self._place(table, choice, [jobs[i] for i in movable], rows[movable], nodes,
+                                cluster, alloc)
+        out_state["objective"] = value
+        out_state["status"] = status
+        out_state["configs"] = {table.job_ids[j]: [table.types[int(table.gtype[c])], int(table.count[c])]
+                                for j, c in enumerate(choice) if c >= 0}
+        out_state["fallbacks"] = fallbacks
+        return alloc, out_state
+
+    def _place(self, table: ConfigTable, choice: np.ndarray, jobs: Sequence[JobView], cur: np.ndarray,
+               nodes: _Nodes, cluster: Cluster, alloc: Allocation) -> list[str]:
+        """Place the chosen configurations into ``alloc``; the ids of jobs that fell back."""
+        todo: list[int] = []
+        for j, c in enumerate(choice):
+            if c < 0:
+                continue
+            # Unchanged configuration: keep the nodes (always fits: the current allocation did).
+            if not table.changed[c] and nodes.fits_as_is(cur[j], j):
+                nodes.take(cur[j], j)
+                alloc[jobs[j].id] = {cluster.nodes[n]: int(cur[j, n]) for n in np.flatnonzero(cur[j])}
+            else:
+                todo.append(j)
+        # Largest first (distributed jobs claim whole nodes before small jobs fragment them).
+        todo.sort(key=lambda j: -int(table.count[choice[j]]))
+        fallbacks: list[str] = []
+        for j in todo:
+            c = int(choice[j])
+            t, n = int(table.gtype[c]), int(table.count[c])
+            row = nodes.place(t, n)
+            if row is None:
+                fallbacks.append(jobs[j].id)
+                for smaller in sorted(table.counts[j].get(t, ()), reverse=True):
+                    if smaller < n:
+                        row = nodes.place(t, smaller)
+                        if row is not None:
+                            break
+            if row is None:
+                continue
+            nodes.take(row, j)
+            alloc[jobs[j].id] = {cluster.nodes[k]: int(row[k]) for k in np.flatnonzero(row)}
+        return fallbacks

@@ -1,0 +1,301 @@
+"""Candidate configurations of the Sia policy and their values (one round's mixed-integer program input).
+
+A *configuration* is (GPU type t, GPU count n) for one job. :func:`build_configs` lists, for every
+schedulable job, the counts it may get on each type it can run — 1, 2, 4, … up to one node of the
+type, then whole multiples of the node size, capped by the free GPUs of the type, the job's
+``max_replicas`` and the exploration cap Pollux uses (SPEC §3) — together with the job's current
+count (so keeping it is always possible) and its ``min_replicas``. Each configuration's goodput
+comes from the job's model on that type (:meth:`JobView.model_for`), one vectorised
+:func:`pollux.goodput.optimize` call per (job, type); a type missing from a non-None ``type_models``
+cannot run the job and offers nothing.
+
+Values (the program *minimises* a cost; p < 0 as in Sia):
+
+* ``G`` — goodput normalised per job by its best 1-GPU goodput over the types it can run, so that
+  jobs of very different speeds weigh alike (Sia's per-job normalisation);
+* ``f`` — the re-allocation factor of SPEC §5, ``(T − R·δ)/(T + δ)``, on every configuration that
+  differs from the job's current one (a job without GPUs has none, so its first start is
+  penalised too, as in Pollux), floored at ``min_factor`` so a brand-new job still ranks its
+  configurations by goodput instead of seeing them all as worthless;
+* ``cost = (max(G, G_FLOOR) · f)^p`` — minimising Σ cost maximises the power-mean utility of
+  ``problem.py`` (for p < 0 it is −Σ x^p);
+* the cost of leaving the job without GPUs is ``λ_n ×`` the dearest cost among its cheapest sensible
+  configurations (its fewest GPUs on each type it can run, restart factor included): with λ_n > 1
+  leaving it out is worse than any of them, so a job never waits while one of them fits, whatever
+  its type speeds or restart history, and a job whose restarts already cost it a lot (small f) is
+  expensive to preempt. Larger counts with a worse cost than that (a sync-bound job on many slow
+  GPUs) are simply never chosen.
+
+Jobs without a goodput model yet get one candidate count (1 GPU, or their ``min_replicas``) on every
+type they can run, worth G = 1 — as Pollux gives a new job one GPU (its exploration cap).
+"""
+
+from __future__ import annotations
+
+import math
+from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from pollux.goodput import BatchLimits, GoodputModel, exploration_cap, optimize
+from pollux.policy.base import Cluster, JobView
+
+#: Normalised goodputs below this count as this (bounds every cost for p < 0).
+G_FLOOR = 1e-3
+
+
+@dataclass(frozen=True, slots=True)
+class ConfigTable:
+    """One round's configurations, flattened: entry k is job ``job[k]`` on type ``gtype[k]`` with
+    ``count[k]`` GPUs.
+
+    ``goodput`` is the normalised goodput G, ``changed`` whether it differs from the job's current
+    configuration, ``cost`` the program's per-configuration cost and ``idle_cost[j]`` the cost of
+    leaving job j without GPUs. ``counts[j][t]`` lists job j's candidate counts on type t (the
+    placement falls back along it). Jobs are the rows of ``job_ids``; types ``types``.
+    """
+
+    job_ids: tuple[str, ...]
+    types: tuple[str, ...]
+    job: np.ndarray
+    gtype: np.ndarray
+    count: np.ndarray
+    goodput: np.ndarray
+    changed: np.ndarray
+    cost: np.ndarray
+    idle_cost: np.ndarray
+    counts: tuple[dict[int, tuple[int, ...]], ...]
+
+    @property
+    def size(self) -> int:
+        return int(self.job.size)
+
+
+def restart_factor(job: JobView, delta: float) -> float:
+    """SPEC §5 re-allocation factor ``(T − R·δ)/(T + δ)``, clipped to [0, 1]."""
+    t, r = max(float(job.age_s), 0.0), max(float(job.restarts), 0.0)
+    if t + delta <= 0.0:
+        return 1.0
+    return min(max((t - r * delta) / (t + delta), 0.0), 1.0)
+
+
+def base_counts(node_size: int, upper: int) -> np.ndarray:
+    """1, 2, 4, … up to one node of ``node_size`` GPUs, then whole multiples of it, all ≤ ``upper``."""
+    if node_size <= 0 or upper <= 0:
+        return np.zeros(0, dtype=np.int64)
+    pows = [1 << i for i in range(max(node_size.bit_length(), 1)) if (1 << i) < node_size]
+    mult = np.arange(node_size, upper + 1, node_size, dtype=np.int64)
+    out = np.concatenate([np.asarray(pows, dtype=np.int64), mult])
+    return out[out <= upper]
+
+
+def current_config(job: JobView, cluster: Cluster, node_index: dict[str, int],
+                   node_type: np.ndarray) -> tuple[int, int, int] | None:
+    """(type index, GPUs, nodes) of the job's current allocation when it lies on one type; else None."""
+    types: set[int] = set()
+    gpus = nodes = 0
+    for node, g in job.allocation.items():
+        i = node_index.get(node)
+        if i is None or g <= 0:
+            continue
+        types.add(int(node_type[i]))
+        gpus += int(g)
+        nodes += 1
+    if gpus == 0 or len(types) != 1:
+        return None
+    return types.pop(), gpus, nodes
+
+
+def _job_cap(job: JobView, limits: BatchLimits | None) -> int:
+    """Pollux's exploration cap on a type (``limits`` of that type), raised to min_replicas."""
+    if limits is not None:
+        cap = exploration_cap(job.max_replicas_seen, limits, job.max_replicas)
+    else:
+        cap = min(max(2 * int(job.max_replicas_seen), 1), int(job.max_replicas))
+    if 0 < job.min_replicas <= job.max_replicas:
+        cap = max(cap, int(job.min_replicas))
+    return int(cap)
+
+
+class GoodputCache:
+    """Memo of goodput arrays keyed by (model, limits, nodes, counts): a pure function of its key."""
+
+    def __init__(self, size: int) -> None:
+        self.size = max(int(size), 0)
+        self._data: OrderedDict = OrderedDict()
+
+    def goodput(self, model: GoodputModel, limits: BatchLimits, nodes: np.ndarray,
+                counts: np.ndarray) -> np.ndarray:
+        key = (model, limits, nodes.tobytes(), counts.tobytes())
+        if self.size:
+            hit = self._data.get(key)
+            if hit is not None:
+                self._data.move_to_end(key)
+                return hit
+        out = np.asarray(optimize(model, nodes, counts, limits).goodput, dtype=np.float64)
+        if self.size:
+            self._data[key] = out
+            while len(self._data) > self.size:
+                self._data.popitem(last=False)
+        return out
+
+
+def build_configs(
+    jobs: Sequence[JobView],
+    cluster: Cluster,
+    free_by_type: np.ndarray,
+    *,
+    p: float,
+    lambda_n: float,
+    restart_penalty_s: float,
+    min_factor: float,
+    rigid_fixed: bool,
+    cache: GoodputCache,
+    lambda_a: float = 0.0,
+) -> ConfigTable:
+    """The configurations of ``jobs`` (already in priority order, pinned jobs excluded).
+
+    ``free_by_type[t]`` is the GPUs of type t the program may hand out (capacity minus pinned jobs).
+    ``rigid_fixed``: a job's ``fixed`` replicas is the only count it may get (TunedJobs-style rigid
+    jobs); otherwise a rigid job is one with ``min_replicas == max_replicas``. ``lambda_a`` is a flat
+    cost of changing a running job's configuration (or stopping it), Sia's λ_a.
+    """
+    types = cluster.type_names
+    node_type = cluster.type_index()
+    node_index = cluster.index()
+    gpus = cluster.capacity()
+    node_size = np.zeros(len(types), dtype=np.int64)
+    for t in range(len(types)):
+        sel = gpus[node_type == t]
+        node_size[t] = int(sel.max()) if sel.size else 0
+
+    job_l: list[np.ndarray] = []
+    type_l: list[np.ndarray] = []
+    count_l: list[np.ndarray] = []
+    good_l: list[np.ndarray] = []
+    changed_l: list[np.ndarray] = []
+    factor_l: list[np.ndarray] = []
+    counts_out: list[dict[int, tuple[int, ...]]] = []
+    for j, job in enumerate(jobs):
+        cur = current_config(job, cluster, node_index, node_type)
+        lo = max(int(job.min_replicas), 1)
+        per_type: dict[int, tuple[int, ...]] = {}
+        raw: list[tuple[int, np.ndarray, np.ndarray]] = []      # (type, counts, raw goodput)
+        best1 = 0.0
+        no_model = True
+        for t, name in enumerate(types):
+            if job.type_models is not None and name not in job.type_models:
+                continue                                  # no profile on this type: cannot run here
+            upper_hw = min(int(free_by_type[t]), int(job.max_replicas))
+            if upper_hw < lo or node_size[t] <= 0:
+                continue
+            model = job.model_for(name)
+            limits = job.limits_for(name)
+            keep = cur[1] if cur is not None and cur[0] == t else 0
+            if rigid_fixed and job.fixed is not None:
+                cand = np.asarray([int(job.fixed[0])], dtype=np.int64)
+            elif model is None:
+                cand = np.asarray([lo, keep], dtype=np.int64)
+            else:
+                if limits is None:
+                    limits = BatchLimits(model.init_batch_size)
+                cap = min(_job_cap(job, limits), upper_hw)
+                cand = np.concatenate([base_counts(int(node_size[t]), cap),
+                                       np.asarray([int(job.min_replicas), keep], dtype=np.int64)])
+            cand = np.unique(cand)
+            cand = cand[(cand >= lo) & (cand <= upper_hw)]
+            if cand.size == 0:
+                continue
+            if model is None:
+                raw.append((t, cand, cand.astype(np.float64) / float(cand[0])))
+                per_type[t] = tuple(int(c) for c in cand)
+                continue
+            no_model = False
+            if limits is None:
+                limits = BatchLimits(model.init_batch_size)
+            nodes = -(-cand // int(node_size[t]))
+            if cur is not None and cur[0] == t:
+                nodes = np.where(cand == cur[1], cur[2], nodes)
+            # One call per (job, type): the candidates plus the 1-GPU reference of the normaliser.
+            good = cache.goodput(model, limits, np.concatenate([nodes, [1]]), np.concatenate([cand, [1]]))
+            best1 = max(best1, float(good[-1]))
+            ok = good[:-1] > 0.0
+            if ok.any():
+                raw.append((t, cand[ok], good[:-1][ok]))
+                per_type[t] = tuple(int(c) for c in cand[ok])
+        if not raw:
+            counts_out.append(per_type)
+            continue
+        # G = goodput over the best 1-GPU goodput on any type (no model: G = GPUs / fewest GPUs).
+        norm = 1.0
+        if not no_model:
+            norm = best1 if best1 > 0.0 else float(min(r[2].min() for r in raw))
+        f = max(restart_factor(job, restart_penalty_s), min_factor)
+        for t, cand, good in raw:
+            job_l.append(np.full(cand.size, j, dtype=np.int64))
+            type_l.append(np.full(cand.size, t, dtype=np.int64))
+            count_l.append(cand)
+            good_l.append(good / norm)
+            ch = np.ones(cand.size, dtype=bool)
+            if cur is not None and cur[0] == t:
+                ch &= cand != cur[1]
+            changed_l.append(ch)
+            factor_l.append(np.where(ch, f, 1.0))
+        counts_out.append(per_type)
+
+    def cat(parts: list[np.ndarray], dtype: type) -> np.ndarray:
+        return np.concatenate(parts).astype(dtype) if parts else np.zeros(0, dtype=dtype)
+
+    job_a = cat(job_l, np.int64)
+    good_a = cat(good_l, np.float64)
+    factor_a = cat(factor_l, np.float64)
+    x = np.maximum(good_a, G_FLOOR) * factor_a
+    cost = _cost(x, p)
+    running = np.array([current_config(job, cluster, node_index, node_type) is not None for job in jobs],
+                       dtype=bool)
+    changed_a = cat(changed_l, bool)
+    if lambda_a and job_a.size:
+        cost = cost + lambda_a * (changed_a & running[job_a])
+    type_a = cat(type_l, np.int64)
+    count_a = cat(count_l, np.int64)
+    idle = np.zeros(len(jobs))
+    if job_a.size:
+        # The cheapest sensible configuration of a job on a type is its fewest GPUs there (entries
+        # are in ascending count per (job, type)); the idle cost is λ_n times the dearest of those.
+        first = np.ones(job_a.size, dtype=bool)
+        first[1:] = (job_a[1:] != job_a[:-1]) | (type_a[1:] != type_a[:-1])
+        worst = np.full(len(jobs), -np.inf)
+        np.maximum.at(worst, job_a[first], cost[first])
+        has = np.isfinite(worst)
+        # (For p > 0 the cost is negative: "worse" is then closer to zero by the same margin.)
+        idle[has] = worst[has] + (lambda_n - 1.0) * np.abs(worst[has])
+    idle = idle + lambda_a * running
+    return ConfigTable(
+        job_ids=tuple(job.id for job in jobs), types=types, job=job_a, gtype=type_a, count=count_a,
+        goodput=good_a, changed=changed_a, cost=cost,
+        idle_cost=idle, counts=tuple(counts_out),
+    )
+
+
+def _cost(x: np.ndarray, p: float) -> np.ndarray:
+    """Cost whose sum the program minimises: ``x^p`` for p < 0, ``−x^p`` for p > 0 (−u of problem.py)."""
+    if p < 0.0:
+        return np.power(x, p)
+    if p > 0.0:
+        return -np.power(x, p)
+    raise ValueError("p: must be non-zero for the sia policy")
+
+
+def check_options(p: float, lambda_n: float, restart_penalty_s: float, min_factor: float) -> None:
+    """``ValueError`` naming the bad option of :class:`pollux.policy.sia.SiaPolicy`."""
+    if not math.isfinite(p) or p == 0.0:
+        raise ValueError(f"p: must be finite and non-zero, got {p!r}")
+    if not math.isfinite(lambda_n) or lambda_n <= 1.0:
+        raise ValueError(f"lambda_n: must be finite and > 1 (leaving a job out must cost more than "
+                         f"running it), got {lambda_n!r}")
+    if not math.isfinite(restart_penalty_s) or restart_penalty_s < 0:
+        raise ValueError(f"restart_penalty_s: must be finite and >= 0, got {restart_penalty_s!r}")
+    if not 0.0 < min_factor <= 1.0:
+        raise ValueError(f"min_factor: must be in (0, 1], got {min_factor!r}")
