@@ -20,7 +20,6 @@ and a warm second round holding the first round's allocation); skipped when sia 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
 import platform
@@ -37,7 +36,7 @@ from pollux.policy.clusterspec import format_cluster, parse_cluster
 from pollux.policy.registry import REGISTRY, make_policy
 from pollux.sim.engine import SimConfig, SimResult, sia_slowdown
 from pollux.sim.report import summarize
-from pollux.sim.runner import RunSpec, run_many, typed_profiles
+from pollux.sim.runner import RunSpec, run_many, stdout_to_stderr, typed_profiles
 
 REPO = Path(__file__).resolve().parent.parent
 DEFAULT_DATA = REPO.parent / "shared" / "data" / "sia-sosp23"
@@ -168,21 +167,6 @@ def scale_benchmark(data: Path) -> dict[str, object]:
 
 
 # --------------------------------------------------------------------------------------------
-
-
-@contextlib.contextmanager
-def stdout_to_stderr():
-    """Send file descriptor 1 to stderr meanwhile (worker processes included): solver libraries
-    (HiGHS) print from C, which would corrupt the JSON on stdout."""
-    sys.stdout.flush()
-    saved = os.dup(1)
-    os.dup2(2, 1)
-    try:
-        yield
-    finally:
-        sys.stdout.flush()
-        os.dup2(saved, 1)
-        os.close(saved)
 
 
 def main(argv: list[str] | None = None) -> int:

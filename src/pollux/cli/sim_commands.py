@@ -109,7 +109,14 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         write_type_plots,
     )
     from pollux.sim.report import finish_time_fairness, format_table, to_json, write_plots
-    from pollux.sim.runner import RunSpec, _profiles, _profiles_or_empty, run_many, typed_profiles
+    from pollux.sim.runner import (
+        RunSpec,
+        _profiles,
+        _profiles_or_empty,
+        run_many,
+        stdout_to_stderr,
+        typed_profiles,
+    )
     from pollux.sim.workload import read_workload
 
     profiles_dir = _profiles_dir(args.profiles)
@@ -145,7 +152,8 @@ def cmd_simulate(args: argparse.Namespace) -> int:
              else f"{config.num_nodes} x {config.gpus_per_node} GPUs")
     print(f"simulating {len(workloads)} workload(s) x {len(policies)} policy(ies) "
           f"({len(specs)} runs) on {shape}{slow}, balancing {args.balance} ...", file=sys.stderr)
-    results = run_many(specs, profiles_dir, processes=args.processes, progress=not args.quiet)
+    with stdout_to_stderr():                # a solver's C-level prints must not reach the report
+        results = run_many(specs, profiles_dir, processes=args.processes, progress=not args.quiet)
     total = config.make_cluster().total_gpus
     for res in results:
         if typed is not None:

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
-from collections.abc import Sequence
+import sys
+from collections.abc import Iterator, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -75,3 +77,19 @@ def run_many(specs: Sequence[RunSpec], profiles_dir: Path, processes: int | None
         return [run_one(s, profiles_dir, progress) for s in specs]
     with ProcessPoolExecutor(max_workers=processes) as pool:
         return list(pool.map(_worker, [(s, profiles_dir, progress) for s in specs]))
+
+
+@contextlib.contextmanager
+def stdout_to_stderr() -> Iterator[None]:
+    """Send file descriptor 1 to stderr meanwhile (worker processes included): a solver library
+    may print from C (HiGHS 1.12 prints a debug line during ``milp``, ERGO-Code/HiGHS#2783), which
+    would land in the middle of a report or of JSON on stdout."""
+    sys.stdout.flush()
+    saved = os.dup(1)
+    os.dup2(2, 1)
+    try:
+        yield
+    finally:
+        sys.stdout.flush()
+        os.dup2(saved, 1)
+        os.close(saved)
