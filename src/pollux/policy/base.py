@@ -212,6 +212,18 @@ def fixed_shape(replicas: int, batch_size: int) -> tuple[int, int]:
     return max(int(replicas), 1), min(int(batch_size), 2**62)
 
 
+def restart_factors(jobs: Sequence[JobView], delta: float) -> np.ndarray:
+    """SPEC §5 re-allocation factor of each job, ``(T_j − R_j·δ)/(T_j + δ)`` clipped to [0, 1]
+    (T_j its age, R_j its re-allocations so far, δ the restart penalty in seconds); 1 where
+    ``T_j + δ`` is not positive. The one formula the policies that penalise restarts share."""
+    t = np.fromiter((max(float(j.age_s), 0.0) for j in jobs), dtype=np.float64, count=len(jobs))
+    r = np.fromiter((max(float(j.restarts), 0.0) for j in jobs), dtype=np.float64, count=len(jobs))
+    d = float(delta)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        f = np.where(t + d > 0.0, (t - r * d) / (t + d), 1.0)
+    return np.clip(f, 0.0, 1.0)
+
+
 def allocation_of(jobs: Sequence[JobView]) -> Allocation:
     """The current allocation the views hold (``JobView.allocation``; jobs without GPUs omitted)."""
     out: Allocation = {}

@@ -40,7 +40,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from pollux.goodput import BatchLimits, GoodputModel, exploration_cap, optimize
-from pollux.policy.base import Cluster, JobView
+from pollux.policy.base import Cluster, JobView, restart_factors
 
 #: Normalised goodputs below this count as this (bounds every cost for p < 0).
 G_FLOOR = 1e-3
@@ -74,11 +74,8 @@ class ConfigTable:
 
 
 def restart_factor(job: JobView, delta: float) -> float:
-    """SPEC §5 re-allocation factor ``(T − R·δ)/(T + δ)``, clipped to [0, 1]."""
-    t, r = max(float(job.age_s), 0.0), max(float(job.restarts), 0.0)
-    if t + delta <= 0.0:
-        return 1.0
-    return min(max((t - r * delta) / (t + delta), 0.0), 1.0)
+    """SPEC §5 re-allocation factor ``(T − R·δ)/(T + δ)`` of one job (:func:`restart_factors`)."""
+    return float(restart_factors([job], delta)[0])
 
 
 def base_counts(node_size: int, upper: int) -> np.ndarray:

@@ -18,7 +18,15 @@ import numpy as np
 
 from pollux.goodput import BatchLimits, exploration_cap, fair_share, speedup_table
 from pollux.policy import genetic
-from pollux.policy.base import Allocation, Cluster, JobView, PolicyState, decode_state, from_matrix
+from pollux.policy.base import (
+    Allocation,
+    Cluster,
+    JobView,
+    PolicyState,
+    decode_state,
+    from_matrix,
+    restart_factors,
+)
 from pollux.policy.genetic import col_sums, row_sums
 
 #: Added to every speedup before the power mean (SPEC §5, ref), so a job without GPUs weighs heavily.
@@ -112,13 +120,7 @@ class PolluxProblem:
             self.scale = 0.0
 
         # Penalty factor of a job whose row changes.
-        delta = float(restart_penalty_s)
-        pen = np.ones(num_jobs)
-        for j, job in enumerate(self.jobs):
-            t, r = max(float(job.age_s), 0.0), max(float(job.restarts), 0.0)
-            if t + delta > 0.0:
-                pen[j] = max((t - r * delta) / (t + delta), 0.0)
-        self.pen = np.clip(pen, 0.0, 1.0)
+        self.pen = restart_factors(self.jobs, restart_penalty_s)
 
         # Replica caps and tables.
         node_limit = min(self.max_nodes, num_nodes) * self.gpn
