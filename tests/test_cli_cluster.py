@@ -19,9 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-import uvicorn
 
-from api_helpers import sample_hints
+from api_helpers import sample_hints, serve_on_loopback, write_state
 from pollux.cli import cluster_commands, formatting, main
 from pollux.cluster.api import create_app
 from pollux.cluster.client import ClientError, PolluxClient
@@ -50,45 +49,22 @@ class Service:
         return [*argv[:at], "--state-dir", str(self.state), *argv[at:]]
 
 
-def write_state(state: Path, url: str, token: str, pid: int | None = None) -> None:
-    state.mkdir(parents=True, exist_ok=True)
-    (state / "server.json").write_text(json.dumps({
-        "service_pid": os.getpid() if pid is None else pid, "url": url, "rayhost_pid": None,
-        "ray_address": "", "embedded": False}))
-    fd = os.open(state / "admin-token", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as f:
-        f.write(token + "\n")
-
-
 @pytest.fixture
 def service(tmp_path):
     store = JobStore(tmp_path / "jobs.db")
     log_dir = tmp_path / "logs"
     log_dir.mkdir()
     app = create_app(store, TOKEN, log_dir=log_dir, cluster_info=lambda: CLUSTER)
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind(("127.0.0.1", 0))
-    url = f"http://127.0.0.1:{sock.getsockname()[1]}"
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False))
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 10
-    while not server.started:
-        assert thread.is_alive() and time.monotonic() < deadline, "uvicorn did not start"
-        time.sleep(0.02)
-    state = tmp_path / "state"
-    write_state(state, url, TOKEN)
-    work = tmp_path / "work"
-    work.mkdir()
-    (work / "train.py").write_text("print('hello')\n")
-    try:
-        yield Service(store, state, url, log_dir, work)
-    finally:
-        server.should_exit = True
-        thread.join(10)
-        sock.close()
-        store.close()
+    with serve_on_loopback(app) as url:
+        state = tmp_path / "state"
+        write_state(state, url, TOKEN)
+        work = tmp_path / "work"
+        work.mkdir()
+        (work / "train.py").write_text("print('hello')\n")
+        try:
+            yield Service(store, state, url, log_dir, work)
+        finally:
+            store.close()
 
 
 def run(capsys, argv: list[str]) -> tuple[int, str, str]:

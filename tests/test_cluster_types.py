@@ -12,16 +12,15 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
-import threading
 import time
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
+from api_helpers import serve_on_loopback, write_state
 from fake_backend import FakeBackend, FakeClock
 from pollux.cli import main
 from pollux.cli.formatting import describe_text, nodes_text
@@ -264,38 +263,18 @@ CLUSTER = {"nodes": [{"name": "a100-0", "gpus": 2, "address": "10.0.0.1", "gpu_t
 
 @pytest.fixture
 def service(tmp_path):
-    import uvicorn
-
     from pollux.cluster.api import create_app
 
     store = JobStore(tmp_path / "jobs.db")
     types = {n["name"]: n["gpu_type"] for n in CLUSTER["nodes"]}
     app = create_app(store, TOKEN, log_dir=tmp_path, cluster_info=lambda: CLUSTER, node_types=lambda: types)
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.bind(("127.0.0.1", 0))
-    url = f"http://127.0.0.1:{sock.getsockname()[1]}"
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False))
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 10
-    while not server.started:
-        assert thread.is_alive() and time.monotonic() < deadline, "uvicorn did not start"
-        time.sleep(0.02)
-    state = tmp_path / "state"
-    state.mkdir()
-    (state / "server.json").write_text(json.dumps({"service_pid": os.getpid(), "url": url,
-                                                   "rayhost_pid": None, "ray_address": "",
-                                                   "embedded": False}))
-    fd = os.open(state / "admin-token", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as f:
-        f.write(TOKEN + "\n")
-    try:
-        yield store, state
-    finally:
-        server.should_exit = True
-        thread.join(10)
-        sock.close()
-        store.close()
+    with serve_on_loopback(app) as url:
+        state = tmp_path / "state"
+        write_state(state, url, TOKEN)
+        try:
+            yield store, state
+        finally:
+            store.close()
 
 
 def _cli(capsys, *argv: str) -> str:
