@@ -21,6 +21,7 @@ from pollux.hints import (
     hints_to_model,
     hints_to_type_models,
     load_schema,
+    merge_type_profiles,
     validate_hints,
 )
 
@@ -320,3 +321,27 @@ def test_bad_gpu_type_fields_are_named(mutate, field):
     with pytest.raises(HintsError) as info:
         validate_hints(hints)
     assert info.value.field.startswith(field), info.value
+
+
+def test_merge_keeps_earlier_type_profiles_that_new_hints_do_not_name():
+    fast = {**PARAMS.to_dict(), "beta_grad": PARAMS.beta_grad / 3}
+    slow = {**PARAMS.to_dict(), "beta_grad": PARAMS.beta_grad * 2}
+    boot = build_hints(PARAMS, GRAD, 128, 4096, (32, 1024), True, 1, 0.0, 0, gpu_type="aws",
+                       types={"dgx-ext": {"throughput": fast, "local_bsz_bounds": [32, 2048]},
+                              "rtx": {"throughput": slow, "local_bsz_bounds": [32, 512]}})
+    # The running job reports only what it measured itself, on aws and rtx.
+    measured = {**PARAMS.to_dict(), "alpha_grad": 0.02}
+    own = build_hints(PARAMS, GRAD, 128, 4096, (32, 1024), True, 2, 5.0, 1, gpu_type="rtx",
+                      types={"aws": {"throughput": measured, "local_bsz_bounds": [32, 1024]}})
+    merged = merge_type_profiles(validate_hints(boot), validate_hints(own))
+    assert validate_hints(merged) == merged
+    models, _ = hints_to_type_models(merged)
+    assert set(models) == {"aws", "rtx", "dgx-ext"}                         # dgx-ext kept from before
+    assert models["dgx-ext"].throughput_params.beta_grad == pytest.approx(PARAMS.beta_grad / 3)
+    assert models["aws"].throughput_params.alpha_grad == pytest.approx(0.02)   # the new measurement wins
+    assert models["rtx"].throughput_params == PARAMS                          # its own gpu_type wins
+    assert merged["progress"] == 5.0 and merged["max_replicas_seen"] == 2
+    # Nothing earlier: the new hints as they are; earlier hints without types add nothing.
+    assert merge_type_profiles(None, validate_hints(own)) == validate_hints(own)
+    untyped = validate_hints({**copy.deepcopy(make_hints()), "version": 1})
+    assert merge_type_profiles(untyped, validate_hints(own)) == validate_hints(own)

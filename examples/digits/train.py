@@ -140,6 +140,28 @@ def accuracy(module: nn.Module, x: torch.Tensor, y: torch.Tensor) -> float:
     return float((pred == y).float().mean())
 
 
+def type_slowdown(spec: str, gpu_type: str | None, rank: int) -> float:
+    """How much slower than the fastest listed type this replica should run (>= 1), from --type-speed.
+
+    The emulation is said out loud: a CPU has no GPU types, so the speed differences a type-aware
+    scheduler reacts to are injected here (an untyped node, or a type not listed, runs at full speed).
+    """
+    speeds: dict[str, float] = {}
+    for item in spec.split(","):
+        name, sep, value = item.partition("=")
+        try:
+            speed = float(value)
+        except ValueError:
+            speed = float("nan")
+        if not sep or not name.strip() or not math.isfinite(speed) or speed <= 0:
+            raise SystemExit(f"--type-speed: expected TYPE=SPEED with SPEED > 0, got {item!r}")
+        speeds[name.strip()] = speed
+    factor = max(speeds.values()) / speeds[gpu_type] if gpu_type in speeds else 1.0
+    log.info("emulated GPU type on CPU (--type-speed): replica %d on %s runs at 1/%.2f of the fastest type",
+             rank, gpu_type or "an untyped node", factor)
+    return factor
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--epochs", type=int, default=30, help="epochs of training progress (default 30)")
@@ -162,6 +184,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="slow replica R down by --slow-factor (an injected delay, to demonstrate --balance)")
     p.add_argument("--slow-factor", type=float, default=2.0, metavar="F",
                    help="replica --slow-rank runs at 1/F speed (default 2)")
+    p.add_argument("--type-speed", default=None, metavar="T=S,...",
+                   help="emulate GPU types on CPU: a replica on a node of type T (POLLUX_GPU_TYPE) runs at "
+                        "S / max(S) speed, e.g. 'a100=3,t4=1' (injected delay as --slow-factor; logged)")
     p.add_argument("--json-epochs", action="store_true",
                    help='also print one JSON line per epoch on stdout ({"event": "epoch", ...}, rank 0)')
     return p.parse_args(argv)
@@ -190,7 +215,10 @@ def main(argv: list[str] | None = None) -> int:
         loader.autoscale_batch_size(args.max_batch_size, local_bsz_bounds=tuple(args.local_bsz_bounds))
     if args.balance is not None:
         loader.balance_batches(args.balance)
-    slow = args.slow_rank == rank and args.slow_factor > 1.0
+    slow_factor = args.slow_factor if args.slow_rank == rank else 1.0
+    if args.type_speed:
+        slow_factor *= type_slowdown(args.type_speed, os.environ.get("POLLUX_GPU_TYPE"), rank)
+    slow = slow_factor > 1.0
     history = History()
     if ptorch.register_state("digits_history", history) and rank == 0:
         log.info("resumed at epoch %d (run %d of this job), batch sizes so far %s",
@@ -210,7 +238,7 @@ def main(argv: list[str] | None = None) -> int:
             loss = F.cross_entropy(logits, y)
             if slow:                      # (F − 1)× this replica's compute time (≈ 3× its forward)
                 now = time.perf_counter()
-                end = now + (args.slow_factor - 1.0) * 3.0 * (now - t0)
+                end = now + (slow_factor - 1.0) * 3.0 * (now - t0)
                 while time.perf_counter() < end:
                     pass
             loss.backward()

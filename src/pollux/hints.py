@@ -314,3 +314,26 @@ def hints_to_type_models(hints: Mapping[str, Any]) -> tuple[dict[str, GoodputMod
                                    max_batch_size=data["max_batch_size"], min_local_bsz=lo,
                                    max_local_bsz=hi, accumulation=data["accumulation"])
     return models, limits
+
+
+def merge_type_profiles(previous: Mapping[str, Any] | None, new: Mapping[str, Any]) -> dict[str, Any]:
+    """``new`` (validated), its ``types`` extended by ``previous``'s profiles of GPU types it does not name.
+
+    The service keeps the last known profile of a job on every type: the agent reports all types it
+    has run on (they travel in its checkpoints), but a profile can also come from elsewhere — a short
+    bootstrap run on another type (Sia), or an operator — and must not vanish when the running job
+    next reports only what it has measured itself. Both bodies are as :func:`validate_hints` returns
+    them (a version-1 body has become version 2 without types there); ``previous`` None keeps nothing.
+    """
+    data = dict(new)
+    if previous is None:
+        return data
+    known = dict(previous.get("types", {}))
+    if "gpu_type" in previous:
+        known[previous["gpu_type"]] = {"throughput": previous["throughput"],
+                                       "local_bsz_bounds": previous["local_bsz_bounds"]}
+    named = set(data.get("types", {})) | ({data["gpu_type"]} if "gpu_type" in data else set())
+    kept = {t: e for t, e in known.items() if t not in named}
+    if kept:
+        data["types"] = {**kept, **dict(data.get("types", {}))}
+    return data

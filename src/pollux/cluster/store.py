@@ -43,7 +43,7 @@ from pollux.cluster.records import (
 )
 from pollux.cluster.schema import MIGRATIONS, SCHEMA_VERSION, SchemaVersionError, hash_token
 from pollux.cluster.spec import JobSpec, SpecError, validate_name
-from pollux.hints import validate_hints
+from pollux.hints import merge_type_profiles, validate_hints
 from pollux.policy.base import PolicyState
 
 __all__ = [
@@ -427,11 +427,16 @@ class JobStore:
     # -- hints
 
     def put_hints(self, job_id: str, hints: Mapping[str, Any], now: float | None = None) -> dict[str, Any]:
-        """Validate (``HintsError``, a ValueError naming the field) and store the job's latest hints."""
+        """Validate (``HintsError``, a ValueError naming the field) and store the job's latest hints.
+
+        Per-GPU-type profiles of earlier hints that these do not name are kept
+        (:func:`pollux.hints.merge_type_profiles`)."""
         data = validate_hints(hints)
         t = _now(now)
         with self._tx() as conn:
             self._row(conn, job_id)
+            row = conn.execute("SELECT hints FROM hints WHERE job_id = ?", (job_id,)).fetchone()
+            data = merge_type_profiles(None if row is None else json.loads(row["hints"]), data)
             conn.execute("INSERT INTO hints (job_id, time, hints) VALUES (?, ?, ?) ON CONFLICT(job_id) "
                          "DO UPDATE SET time = excluded.time, hints = excluded.hints",
                          (job_id, t, json.dumps(data, allow_nan=False)))
