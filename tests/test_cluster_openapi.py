@@ -64,11 +64,14 @@ OPERATIONS = {
     ("GET", "/v1/cluster"): {200, 401},
     ("GET", "/v1/jobs/{job_id}/logs"): {200, 401, 404},
     ("PUT", "/v1/jobs/{job_id}/hints"): {200, 401, 403, 404},
+    ("GET", "/v1/jobs/{job_id}/allocation"): {200, 401, 403, 404},
+    ("PUT", "/v1/jobs/{job_id}/allocation"): {401, 403, 404},   # 200: test_cluster_elastic.py
     ("GET", "/metrics"): {200},
 }
 #: The answers that cases breaking the schema must include, where a body or parameter can be broken.
 REFUSED = {("POST", "/v1/jobs"): {422}, ("GET", "/v1/jobs"): {422},
-           ("GET", "/v1/jobs/{job_id}/logs"): {422}, ("PUT", "/v1/jobs/{job_id}/hints"): {422}}
+           ("GET", "/v1/jobs/{job_id}/logs"): {422}, ("PUT", "/v1/jobs/{job_id}/hints"): {422},
+           ("PUT", "/v1/jobs/{job_id}/allocation"): {422}}
 #: Operations that take no parameter, body or token: nothing in a request to them can break the
 #: schema, so they have no negative cases.
 NO_INPUT = {("GET", "/v1/health"), ("GET", "/metrics")}

@@ -55,12 +55,33 @@ BALANCE_MODES: tuple[str, ...] = ("auto", "gpu", "cpu", "off")
 #: untyped cluster. The agent reports it in its hints (``gpu_type``, hints schema v2).
 ENV_GPU_TYPE = "POLLUX_GPU_TYPE"
 
+#: The Ray cluster an *elastic* job's master joins to create its workers (issue 14); unset otherwise.
+ENV_RAY_ADDRESS = "POLLUX_RAY_ADDRESS"
+
 #: Every variable of the contract, in the order the docs list them.
 POLLUX_VARS: tuple[str, ...] = (
     ENV_JOB_ID, ENV_RANK, ENV_NUM_REPLICAS, ENV_NODE_RANK, ENV_NUM_NODES, ENV_MASTER_ADDR,
     ENV_MASTER_PORT, ENV_CHECKPOINT_DIR, ENV_RESTARTS, ENV_SCHEDULER_URL, ENV_JOB_TOKEN, ENV_BALANCE,
-    ENV_GPU_TYPE,
+    ENV_GPU_TYPE, ENV_RAY_ADDRESS,
 )
+
+# --------------------------------------------------------------------------------------------
+# Job kinds and the elastic hand-off (issue 14)
+# --------------------------------------------------------------------------------------------
+
+#: How a job follows a new allocation. ``restart``: the service stops its replicas (they checkpoint
+#: and exit 143) and relaunches them on the new placement. ``elastic``: the service launches one
+#: process, the job's *master*, which places its own workers (a Litz job) on the allocation's nodes
+#: and, when the allocation changes, moves them while it runs — no restart.
+JOB_KINDS: tuple[str, ...] = ("restart", "elastic")
+#: ``GET`` (the job's token or admin): ``{"version": n, "allocation": {node: GPUs}, "applied": m}`` —
+#: the allocation the master must follow; ``version`` grows with every change. ``PUT`` with ``{"version": n}``: the master has applied version n (its workers run
+#: on that placement). An allocation not acknowledged within the service's resize limit is applied
+#: the ordinary way: stop (SIGTERM, checkpoint, exit 143) and relaunch.
+ALLOCATION_ENDPOINT = "/v1/jobs/{job_id}/allocation"
+#: The custom resource that names a Ray node the service schedules on (``pollux-node-<name>``): an
+#: elastic master asks a small amount of it to pin each worker to an allocated node.
+NODE_RESOURCE_PREFIX = "pollux-node-"
 
 # --------------------------------------------------------------------------------------------
 # Exit statuses

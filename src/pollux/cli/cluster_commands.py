@@ -42,7 +42,7 @@ from pollux.cli.parser import (
     positive_float,
     positive_int,
 )
-from pollux.contract import BALANCE_MODES
+from pollux.contract import BALANCE_MODES, JOB_KINDS
 
 if TYPE_CHECKING:
     from pollux.cluster.client import PolluxClient
@@ -151,6 +151,8 @@ def cmd_submit(args: argparse.Namespace) -> int:
         spec["max_replicas"] = args.max_replicas
     if args.balance is not None:
         spec["balance"] = args.balance
+    if args.kind is not None:
+        spec["kind"] = args.kind
     with _client(args) as client:
         job = client.submit(spec, name=args.name)
     job.pop("token", None)
@@ -327,6 +329,9 @@ def add_cluster_commands(sub: Any) -> None:
     p.add_argument("--balance", choices=BALANCE_MODES, metavar="MODE",
                    help="LB-BSP balancing of the replicas' local batches: "
                         f"{', '.join(BALANCE_MODES)} (default off; passed as POLLUX_BALANCE)")
+    p.add_argument("--kind", choices=JOB_KINDS, metavar="KIND",
+                   help="how the job follows a new allocation: restart (checkpoint, stop, relaunch; "
+                        "default) or elastic (a Litz job: its master moves its workers in place)")
     p.add_argument("--name", help="a name for the job (default: its id)")
     p.add_argument("--working-dir", metavar="DIR",
                    help="folder the replicas run in (default: the current folder)")

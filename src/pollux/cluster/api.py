@@ -23,13 +23,18 @@ and their status codes (every route also answers 422 to a query parameter it doe
 ``PUT  /v1/jobs/{id}/hints``                admin or the job's own current token; 200 the hints as stored;
                                             401, 403 (another job's token), 404, 413, 422 (the hints
                                             contract, SPEC §8, plus the body limits above)
+``GET  /v1/jobs/{id}/allocation``           admin or the job's token; 200 ``{version, allocation, applied,
+                                            state}``: what an elastic job's master follows; 401, 403, 404
+``PUT  /v1/jobs/{id}/allocation``           admin or the job's token; body ``{"version": n}``: the master
+                                            applied version n in place; 200 as GET; 401, 403, 404, 413,
+                                            422 (not a version of the job's allocations)
 ``GET  /metrics``                           no auth (loopback by default, and it reveals only counts), so a
                                             scraper needs no token; 200 Prometheus text, from counts alone
 ==========================================  =================================================================
 
 Tokens: the admin token (compared in constant time) authorises everything. A job's token (the store
-keeps only its hash) authorises exactly one thing, ``PUT`` of that job's own hints; anywhere else it
-is an unknown token (401).
+keeps only its hash) authorises only its own job's hints and allocation routes; anywhere else it is
+an unknown token (401).
 
 Errors are JSON: ``{"detail": message}``, and for a validation error (422) or an over-large body (413)
 also ``"field"``, the dotted path of the offending value (``"spec.init_batch_size"``,
@@ -82,10 +87,10 @@ from pollux.cluster.spec import JobSpec, SpecError, validate_name
 from pollux.cluster.store import (
     JOB_STATES,
     TERMINAL_STATES,
-    AllocationRecord,
     JobRecord,
     JobStore,
     ReplicaRecord,
+    ResizeRecord,
     TransitionRecord,
     UnknownJobError,
 )
@@ -151,8 +156,8 @@ def _transition_dict(t: TransitionRecord) -> dict[str, Any]:
     return {"from_state": t.from_state, "to_state": t.to_state, "time": t.time, "reason": t.reason}
 
 
-def _allocation_dict(a: AllocationRecord) -> dict[str, Any]:
-    return {"time": a.time, "allocation": dict(a.allocation)}
+def _allocation_dict(a: ResizeRecord) -> dict[str, Any]:
+    return {"time": a.time, "allocation": dict(a.allocation), "version": a.version, "applied": a.applied}
 
 
 def _replica_dict(r: ReplicaRecord) -> dict[str, Any]:
@@ -330,7 +335,7 @@ def create_app(store: JobStore, admin_token: str, *, log_dir: Path | None = None
         if _JOB_ID.fullmatch(job_id) and store.token_matches(job_id, token):
             return
         if store.job_of_token(token) is not None:
-            raise HTTPException(403, "this token may only post hints for its own job")
+            raise HTTPException(403, "this token may only be used for its own job")
         raise _unauthorised("invalid token")
 
     def only_query(*names: str) -> Any:
@@ -428,7 +433,7 @@ def create_app(store: JobStore, admin_token: str, *, log_dir: Path | None = None
     def describe(job_id: str) -> SafeJSONResponse:
         known = types()
         out = _job_dict(get_job(job_id), types=known)
-        history = store.allocation_history(job_id)
+        history = store.resizes(job_id)
         replicas = store.replicas(job_id)
         out["allocation_history"] = [_allocation_dict(a) for a in history]
         out["transitions"] = [_transition_dict(t) for t in store.transitions(job_id)]
@@ -498,6 +503,40 @@ def create_app(store: JobStore, admin_token: str, *, log_dir: Path | None = None
         data = await run_in_threadpool(put_hints_checked, job_id, body)
         metrics.add_hints()
         return SafeJSONResponse(data)
+
+    @app.get("/v1/jobs/{job_id}/allocation", response_model=None,
+             dependencies=[Depends(require_hints_token), only_query()],
+             summary="An elastic job's current allocation and the version it applied (admin or its token)",
+             responses=doc.responses(200, "Allocation", 401, 403, 404, 422), openapi_extra=doc.BEARER)
+    def get_allocation(job_id: str) -> SafeJSONResponse:
+        job = get_job(job_id)
+        version, allocation, applied = store.allocation_version(job_id)
+        return SafeJSONResponse({"version": version, "allocation": allocation, "applied": applied,
+                                 "state": job.state})
+
+    def ack_checked(job_id: str, body: Any) -> None:
+        version = body.get("version") if isinstance(body, dict) else None
+        if not isinstance(body, dict) or set(body) != {"version"}:
+            raise RequestError(422, "body", 'expected {"version": <int>}')
+        if isinstance(version, bool) or not isinstance(version, int) or version < 1:
+            raise RequestError(422, "version", f"expected a positive integer, got {version!r}")
+        try:
+            store.ack_allocation(job_id, version)      # an overtaken version is not recorded as applied
+        except ValueError as exc:
+            raise RequestError(422, "version", str(exc).removeprefix("version: ")) from exc
+
+    @app.put("/v1/jobs/{job_id}/allocation", response_model=None,
+             dependencies=[Depends(require_hints_token), only_query()],
+             summary="An elastic job says it applied an allocation version in place (admin or its token)",
+             responses=doc.responses(200, "Allocation", 401, 403, 404, 413, 422,
+                                     ok_text="The allocation after the acknowledgement (applied < version: "
+                                             "a newer round overtook the version acknowledged)"),
+             openapi_extra={**doc.BEARER, **doc.request_body("AllocationAck", "The version applied.")})
+    async def put_allocation(request: Request, job_id: str) -> SafeJSONResponse:
+        await run_in_threadpool(get_job, job_id)
+        body = await read_json_body(request)
+        await run_in_threadpool(ack_checked, job_id, body)
+        return await run_in_threadpool(get_allocation, job_id)
 
     @app.get("/metrics", response_class=PlainTextResponse, response_model=None,
              summary="Prometheus metrics (no auth: counts only)", dependencies=[only_query()],

@@ -23,7 +23,7 @@ from fastapi.openapi.utils import get_openapi
 from pollux.cluster import spec as _spec
 from pollux.cluster.lifecycle import JOB_STATES
 from pollux.cluster.limits import MAX_BODY_BYTES, MAX_JSON_DEPTH, MAX_QUERY_INT
-from pollux.contract import BALANCE_MODES
+from pollux.contract import BALANCE_MODES, JOB_KINDS
 from pollux.hints import load_schema as _load_hints_schema
 
 __all__ = ["COMPONENTS", "JOB_ID_PATTERN", "install", "request_body", "responses"]
@@ -84,6 +84,9 @@ def _job_spec(*, answer: bool) -> dict[str, Any]:
         "balance": {"type": "string", "enum": list(BALANCE_MODES),
                     "description": "LB-BSP balancing of the replicas' local batches, given to them as "
                                    "POLLUX_BALANCE (unset when off). Default off."},
+        "kind": {"type": "string", "enum": list(JOB_KINDS),
+                 "description": "How the job follows a new allocation: restart (checkpoint, stop, "
+                                "relaunch; default) or elastic (its master moves its workers in place)."},
     }
     schema: dict[str, Any] = {"type": "object", "additionalProperties": False, "properties": fields}
     if answer:
@@ -188,8 +191,10 @@ COMPONENTS: dict[str, Any] = {
     "JobList": {"type": "array", "items": _ref("Job")},
     "JobDetail": _object({
         **_JOB_FIELDS,
-        "allocation_history": {"type": "array", "items": _object({"time": _TIME,
-                                                                  "allocation": _ALLOCATION})},
+        "allocation_history": {"type": "array", "items": _object({
+            "time": _TIME, "allocation": _ALLOCATION,
+            "version": {"type": "integer", "description": "The allocation's version (grows)."},
+            "applied": _nullable(_TIME)})},
         "transitions": {"type": "array", "items": _object({
             "from_state": _nullable({"type": "string"}), "to_state": {"type": "string"},
             "time": _TIME, "reason": _nullable({"type": "string"})})},
@@ -208,6 +213,14 @@ COMPONENTS: dict[str, Any] = {
                 "properties": {"nodes": {"type": "array", "items": {"type": "object"}},
                                "total_gpus": {"type": "integer"}, "policy": {"type": "string"},
                                "interval_s": {"type": "number"}, "rounds": {"type": "integer"}}},
+    "Allocation": _object({
+        "version": {"type": "integer", "description": "Version of the current allocation (0: none yet)."},
+        "allocation": _ALLOCATION,
+        "applied": {"type": "integer", "description": "Newest version the job acknowledged (0: none)."},
+        "state": {"type": "string", "description": "The job's lifecycle state."}},
+        "What an elastic job's master follows: its current allocation and the version it applied."),
+    "AllocationAck": _object({"version": {"type": "integer", "minimum": 1}},
+                             "An elastic job's master: the allocation version now applied in place."),
     "Health": _object({"status": {"type": "string", "const": "ok"}}),
     "Error": _object({"detail": {"type": "string"}}, "Every error but a validation error."),
     "FieldError": _object({"detail": {"type": "string", "description": "Starts with the field."},
@@ -219,7 +232,7 @@ COMPONENTS: dict[str, Any] = {
 
 _ERROR_TEXT = {
     401: "Missing, malformed or unknown bearer token.",
-    403: "A job's token used for another job's hints.",
+    403: "A job's token used for another job's hints or allocation.",
     404: "No such job (or, for /v1/cluster, no cluster backend).",
     409: "The job is already in a terminal state.",
     413: f"The body is over {MAX_BODY_BYTES} bytes (field \"body\").",

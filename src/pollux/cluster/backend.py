@@ -50,6 +50,7 @@ import time
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+from pollux import contract as ct
 from pollux.cluster.backend_api import (
     NAMESPACE,
     NodeInfo,
@@ -68,7 +69,7 @@ __all__ = ["NAMESPACE", "NODE_RESOURCE_PREFIX", "NodeInfo", "RayBackend", "Repli
            "replica_environment"]
 
 #: A node declaring the custom resource ``pollux-node-<name>`` is called ``<name>``.
-NODE_RESOURCE_PREFIX = "pollux-node-"
+NODE_RESOURCE_PREFIX = ct.NODE_RESOURCE_PREFIX
 #: Inherited variables whose names match this never reach a replica (service secrets).
 SECRET_NAME = re.compile(r"TOKEN|SECRET|PASSW|CREDENTIAL|(^|_)(API_?)?KEY($|_)|AUTH", re.IGNORECASE)
 #: Inherited variables that describe the service's own user, dropped when a replica runs as another.

@@ -56,10 +56,11 @@ from typing import Any
 from pollux import contract as ct
 from pollux.cluster import gputypes as gt
 from pollux.cluster import launcher as lch
+from pollux.cluster import runs as rn
 from pollux.cluster.backend_api import Backend, NodeInfo, ReplicaHandle, parse_actor_name
 from pollux.cluster.launcher import Launch, LaunchError, replica_command
 from pollux.cluster.lifecycle import ACTIVE_STATES, SCHEDULED_STATES, JobState
-from pollux.cluster.runs import DEFAULT_KIND, ControllerConfig, Group, RestartRunner, Runner, still_wanted
+from pollux.cluster.runs import DEFAULT_KIND, ControllerConfig, Group, Runner, still_wanted
 from pollux.cluster.scheduler import Scheduler
 from pollux.cluster.store import JobRecord, JobStore
 from pollux.policy.base import Cluster
@@ -83,7 +84,7 @@ class Controller:
         self.config = config
         self.clock = clock
         self.monotonic = monotonic
-        self.runners: dict[str, Runner] = dict(runners or {DEFAULT_KIND: RestartRunner()})
+        self.runners: dict[str, Runner] = {**rn.default_runners(), **(runners or {})}
         self.groups: dict[str, Group] = {}
         self.launching: dict[str, Launch] = {}
         self.not_before: dict[str, float] = {}
@@ -210,8 +211,8 @@ class Controller:
             self._launch(job, desired, now)
 
     def runner(self, job: JobRecord) -> Runner:
-        """The runner of the job's kind (today every job restarts to resize: :class:`RestartRunner`)."""
-        return self.runners.get(DEFAULT_KIND) or RestartRunner()
+        """The runner of the job's kind (``restart`` or ``elastic``, :mod:`pollux.cluster.runs`)."""
+        return self.runners.get(job.spec.kind) or self.runners[DEFAULT_KIND]
 
     def _grace(self, job: JobRecord) -> float:
         return self.config.cancel_grace_s if job.state == _S.CANCELLED else self.config.stop_grace_s
@@ -230,6 +231,7 @@ class Controller:
                     ct.ENV_CHECKPOINT_DIR: str(self.config.checkpoint_dir / job.id)}
         if self.config.scheduler_url:
             base_env[ct.ENV_SCHEDULER_URL] = self.config.scheduler_url
+        base_env.update(lch.elastic_env(spec, getattr(self.backend, "address", None)))
         try:
             launches = lch.build_launches(spec, placement, command=replica_command(spec, self.config.python),
                                           base_env=base_env, user=self.config.run_as, nodes=alive,
@@ -512,11 +514,8 @@ class Controller:
                     h.pid = r.pid
                 # The previous life of the service accounted this run's GPU time up to some point
                 # before it died; count from now rather than twice.
-                per = lch.gpus_per_replica(job.spec)
                 nodes = [r.node for r in reps]
-                placement = {n: int(g) for n, g in job.allocation.items() if int(g) > 0}
-                if lch.rank_nodes(placement, per) != nodes:
-                    placement = {n: k * per for n, k in lch.replicas_of(nodes).items()}
+                placement = rn.adopted_placement(job, nodes, self.store)
                 group = Group(job.id, job.restarts, placement, live,
                               started=min(r.start_time for r in reps), accounted=self.clock(),
                               usage=lch.usage_of(placement, [(n, job.spec.resources) for n in nodes]))

@@ -32,7 +32,18 @@ from typing import Any
 from pollux.cluster.backend_api import NodeInfo, ReplicaHandle, ReplicaLaunch
 from pollux.cluster.gputypes import with_type_resources
 from pollux.cluster.spec import JobSpec
-from pollux.contract import ENV_BALANCE, ENV_NODE_RANK, ENV_NUM_NODES, ENV_NUM_REPLICAS, ENV_RANK
+from pollux.contract import (
+    ENV_BALANCE,
+    ENV_NODE_RANK,
+    ENV_NUM_NODES,
+    ENV_NUM_REPLICAS,
+    ENV_RANK,
+    ENV_RAY_ADDRESS,
+)
+
+#: The Ray settings an elastic job's master needs to join the cluster (loopback, no usage stats,
+#: the service's token authentication), copied from the service's own environment.
+_ELASTIC_RAY_VARS = ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN_PATH")
 
 __all__ = ["Launch", "LaunchError", "backoff_s", "build_launches", "busy_reason", "gpus_per_replica",
            "launch_usage", "lookup_user", "never_fits", "prepare_checkpoint_dir", "prepare_run_as",
@@ -110,6 +121,9 @@ def build_launches(spec: JobSpec, placement: Mapping[str, int], *, command: list
     mode) in every replica's environment; an off one leaves it unset, as before the field existed.
     """
     per = gpus_per_replica(spec)
+    if spec.kind == "elastic":
+        return _elastic_launch(spec, placement, command=command, base_env=base_env, log_root=log_root,
+                               user=user)
     ranks = rank_nodes(placement, per)
     if not ranks:
         raise LaunchError(f"the allocation {dict(sorted(placement.items()))} forms no replica: each "
@@ -124,6 +138,33 @@ def build_launches(spec: JobSpec, placement: Mapping[str, int], *, command: list
                               log_path=str(log_root / f"rank-{r}.log"), resources=resources, user=user)
                 for r, n in enumerate(ranks)]
     return launches if nodes is None else with_type_resources(launches, nodes)
+
+
+def _elastic_launch(spec: JobSpec, placement: Mapping[str, int], *, command: list[str],
+                    base_env: Mapping[str, str], log_root: Path, user: str | None) -> list[ReplicaLaunch]:
+    """An elastic job's run: one process, its master, on the first node of the placement. It holds
+    no GPU slot itself — the workers it places on the allocated nodes do — and it reads the whole
+    placement from the service (``GET /v1/jobs/{id}/allocation``), not from its environment."""
+    nodes = sorted(n for n, g in placement.items() if int(g) > 0)
+    if not nodes:
+        raise LaunchError(f"the allocation {dict(sorted(placement.items()))} holds no GPU")
+    env = {**base_env, ENV_NUM_REPLICAS: "1", ENV_NUM_NODES: "1", ENV_RANK: "0", ENV_NODE_RANK: "0"}
+    resources = {k: v for k, v in spec.resources.items() if k not in ("GPU",)}
+    return [ReplicaLaunch(rank=0, node=nodes[0], command=list(command), cwd=spec.working_dir, env=env,
+                          log_path=str(log_root / "rank-0.log"), resources={**resources, "GPU": 0.0},
+                          user=user)]
+
+
+def elastic_env(spec: JobSpec, ray_address: str | None) -> dict[str, str]:
+    """What an elastic job's master gets beyond the usual variables: where the Ray cluster is, and
+    the settings to join it (a replica's environment otherwise carries nothing ``RAY_*``)."""
+    if spec.kind != "elastic":
+        return {}
+    env = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_USAGE_STATS_ENABLED": "0"}
+    env.update({k: os.environ[k] for k in _ELASTIC_RAY_VARS if k in os.environ})
+    if ray_address:
+        env[ENV_RAY_ADDRESS] = ray_address
+    return env
 
 
 def usage_of(placement: Mapping[str, int],

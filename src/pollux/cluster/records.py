@@ -11,7 +11,8 @@ from dataclasses import dataclass
 from pollux.cluster.lifecycle import TERMINAL_STATES
 from pollux.cluster.spec import JobSpec
 
-__all__ = ["AllocationRecord", "JobRecord", "ReplicaRecord", "TransitionRecord", "UnknownJobError"]
+__all__ = ["AllocationRecord", "JobRecord", "ReplicaRecord", "ResizeRecord", "TransitionRecord",
+           "UnknownJobError"]
 
 
 class UnknownJobError(KeyError):
@@ -72,6 +73,17 @@ class AllocationRecord:
     job_id: str
     time: float
     allocation: dict[str, int]
+
+
+@dataclass(frozen=True)
+class ResizeRecord:
+    """An allocation of an elastic job: its version, when the round made it, and when the job's master
+    said it had applied it in place (None: not acknowledged)."""
+
+    version: int
+    time: float
+    allocation: dict[str, int]
+    applied: float | None
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,7 @@ as hashing the stored tokens). Opening a database newer than :data:`SCHEMA_VERSI
 
 Version 1 is the first schema; version 2 counts failed runs apart from restarts; version 3 keeps job
 tokens only as hashes (:func:`hash_token`), in the column ``token_hash``, with an index for finding
-the job of a token.
+the job of a token; version 4 records the allocations an elastic job has applied in place.
 """
 
 from __future__ import annotations
@@ -105,6 +105,16 @@ MIGRATIONS: list[list[MigrationStep]] = [
         "ALTER TABLE jobs RENAME COLUMN token TO token_hash",
         _hash_stored_tokens,
         "CREATE INDEX jobs_token_hash ON jobs(token_hash)",
+    ],
+    [
+        # Version 4: an elastic job acknowledges each allocation it has applied in place (issue 14);
+        # ``version`` is the allocation's row in ``allocations``.
+        """CREATE TABLE applied (
+            version INTEGER PRIMARY KEY,
+            job_id TEXT NOT NULL REFERENCES jobs(id) ON DELETE CASCADE,
+            time REAL NOT NULL
+        )""",
+        "CREATE INDEX applied_job ON applied(job_id, version)",
     ],
 ]
 #: The schema version this code writes.

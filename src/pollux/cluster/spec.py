@@ -40,7 +40,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pollux.contract import BALANCE_MODES
+from pollux.contract import BALANCE_MODES, JOB_KINDS
 
 __all__ = [
     "MAX_ARGS",
@@ -212,7 +212,9 @@ class JobSpec:
     (default 1, also when ``resources`` names only other resources, since every replica holds GPU
     slots); any other resource is a positive amount. ``balance`` is the agent's LB-BSP batch
     balancing (one of ``pollux.contract.BALANCE_MODES``; default ``"off"``), passed to the replicas
-    as ``POLLUX_BALANCE`` when it is not off. See the module docstring for the limits.
+    as ``POLLUX_BALANCE`` when it is not off. ``kind`` (``pollux.contract.JOB_KINDS``) is how the job
+    follows a new allocation: ``restart`` (default) or ``elastic`` (its master resizes in place).
+    See the module docstring for the limits.
     """
 
     entrypoint: str
@@ -226,6 +228,7 @@ class JobSpec:
     resources: dict[str, float] = field(default_factory=lambda: {"GPU": 1.0})
     preemptible: bool = True
     balance: str = "off"
+    kind: str = "restart"
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> JobSpec:
@@ -280,9 +283,13 @@ class JobSpec:
         balance = "off" if balance is None else balance
         if not isinstance(balance, str) or balance not in BALANCE_MODES:
             raise SpecError("balance", f"expected one of {', '.join(BALANCE_MODES)}, got {_show(balance)}")
+        kind = data.get("kind")
+        kind = "restart" if kind is None else kind
+        if not isinstance(kind, str) or kind not in JOB_KINDS:
+            raise SpecError("kind", f"expected one of {', '.join(JOB_KINDS)}, got {_show(kind)}")
         return cls(entrypoint=entry, init_batch_size=init, args=tuple(args), working_dir=working_dir,
                    max_batch_size=max_bsz, local_bsz_bounds=bounds, min_replicas=min_r,
-                   max_replicas=max_r, resources=res, preemptible=preemptible, balance=balance)
+                   max_replicas=max_r, resources=res, preemptible=preemptible, balance=balance, kind=kind)
 
     @classmethod
     def from_stored(cls, text: Any) -> tuple[JobSpec, str | None]:

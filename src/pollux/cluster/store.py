@@ -38,6 +38,7 @@ from pollux.cluster.records import (
     AllocationRecord,
     JobRecord,
     ReplicaRecord,
+    ResizeRecord,
     TransitionRecord,
     UnknownJobError,
 )
@@ -57,6 +58,7 @@ __all__ = [
     "JobSpec",
     "JobStore",
     "ReplicaRecord",
+    "ResizeRecord",
     "SchemaVersionError",
     "SpecError",
     "TransitionRecord",
@@ -408,6 +410,48 @@ class JobStore:
         text = json.dumps(alloc)
         conn.execute("UPDATE jobs SET allocation = ? WHERE id = ?", (text, job_id))
         conn.execute("INSERT INTO allocations (job_id, time, allocation) VALUES (?, ?, ?)", (job_id, t, text))
+
+    def allocation_version(self, job_id: str) -> tuple[int, dict[str, int], int]:
+        """``(version, allocation, applied)``: the job's current allocation, its version (the row of
+        the allocation history, growing with every change; 0 before the first) and the newest version
+        its master acknowledged (0: none) — what an elastic job reads to follow its allocation."""
+        with self._lock:
+            self._row(self._conn, job_id)
+            row = self._conn.execute("SELECT seq, allocation FROM allocations WHERE job_id = ? "
+                                     "ORDER BY seq DESC LIMIT 1", (job_id,)).fetchone()
+            ack = self._conn.execute("SELECT MAX(version) FROM applied WHERE job_id = ?",
+                                     (job_id,)).fetchone()
+        if row is None:
+            return 0, {}, int(ack[0] or 0)
+        return int(row["seq"]), json.loads(row["allocation"]), int(ack[0] or 0)
+
+    def ack_allocation(self, job_id: str, version: int, now: float | None = None) -> bool:
+        """Record that the job applied allocation ``version`` in place; False (nothing written) if that
+        is not the job's current version (a newer round overtook it). ``ValueError`` for a version
+        that was never the job's."""
+        t = _now(now)
+        with self._tx() as conn:
+            self._row(conn, job_id)
+            seqs = [int(r[0]) for r in conn.execute(
+                "SELECT seq FROM allocations WHERE job_id = ? ORDER BY seq", (job_id,)).fetchall()]
+            if int(version) not in seqs:
+                raise ValueError(f"version: {version} is not an allocation of job {job_id}")
+            if int(version) != seqs[-1]:
+                return False
+            conn.execute("INSERT OR IGNORE INTO applied (version, job_id, time) VALUES (?, ?, ?)",
+                         (int(version), job_id, t))
+        return True
+
+    def resizes(self, job_id: str) -> list[ResizeRecord]:
+        """Every allocation of the job with its version and, if acknowledged, when it was applied."""
+        with self._lock:
+            self._row(self._conn, job_id)
+            rows = self._conn.execute(
+                "SELECT a.seq, a.time, a.allocation, p.time AS applied FROM allocations a "
+                "LEFT JOIN applied p ON p.version = a.seq WHERE a.job_id = ? ORDER BY a.seq",
+                (job_id,)).fetchall()
+        return [ResizeRecord(int(r["seq"]), float(r["time"]), json.loads(r["allocation"]),
+                             None if r["applied"] is None else float(r["applied"])) for r in rows]
 
     def allocation_history(self, job_id: str) -> list[AllocationRecord]:
         with self._lock:
