@@ -22,7 +22,8 @@ ALLOWED: dict[str, set[str]] = {
     "sim": {"goodput", "policy"},
     "torch": {"goodput", "hints", "contract"},
     "cluster": {"goodput", "policy", "hints", "contract"},
-    "cli": {"goodput", "policy", "sim", "cluster", "hints", "contract"},
+    "litz": {"contract"},
+    "cli": {"goodput", "policy", "sim", "cluster", "hints", "contract", "litz"},
 }
 #: Third-party packages a part must never import: the service and the core run without torch.
 FORBIDDEN_THIRD_PARTY: dict[str, set[str]] = {
@@ -32,6 +33,7 @@ FORBIDDEN_THIRD_PARTY: dict[str, set[str]] = {
     "policy": {"torch", "ray", "fastapi"},
     "sim": {"torch", "ray", "fastapi"},
     "cluster": {"torch"},
+    "litz": {"fastapi"},
     "cli": {"torch"},
 }
 MAX_LINES = 600
