@@ -135,7 +135,8 @@ def test_a_new_allocation_is_applied_in_place_once_acknowledged_without_a_restar
     assert group.placement == {"node-0": 2} and group.resize_target == job.allocation
     rig.ack("litz")
     rig.tick()
-    assert rig.controller.groups["litz"] is group and group.placement == {"node-0": 2, "node-1": 2, "node-2": 2}
+    assert rig.controller.groups["litz"] is group
+    assert group.placement == {"node-0": 2, "node-1": 2, "node-2": 2}
     assert group.usage == {n: {"GPU": 2.0} for n in NODES}
     # Shrinking works the same way; a job that never resizes never restarts.
     rig.allocate("litz", {"node-2": 2})
@@ -208,7 +209,8 @@ def test_api_allocation_routes_for_the_jobs_own_token(tmp_path):
             assert r.status_code == 200, r.text
             body = r.json()
             assert body["allocation"] == {"node-0": 2} and body["applied"] == 0 and body["state"] == "pending"
-            r = httpx.put(f"{url}/v1/jobs/{job.id}/allocation", headers=own, json={"version": body["version"]})
+            r = httpx.put(f"{url}/v1/jobs/{job.id}/allocation", headers=own,
+                          json={"version": body["version"]})
             assert r.status_code == 200 and r.json()["applied"] == body["version"], r.text
             bad = httpx.put(f"{url}/v1/jobs/{job.id}/allocation", headers=own, json={"version": 999})
             assert bad.status_code == 422 and bad.json()["field"] == "version", bad.text

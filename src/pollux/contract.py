@@ -75,9 +75,10 @@ POLLUX_VARS: tuple[str, ...] = (
 #: and, when the allocation changes, moves them while it runs — no restart.
 JOB_KINDS: tuple[str, ...] = ("restart", "elastic")
 #: ``GET`` (the job's token or admin): ``{"version": n, "allocation": {node: GPUs}, "applied": m}`` —
-#: the allocation the master must follow; ``version`` grows with every change. ``PUT`` with ``{"version": n}``: the master has applied version n (its workers run
-#: on that placement). An allocation not acknowledged within the service's resize limit is applied
-#: the ordinary way: stop (SIGTERM, checkpoint, exit 143) and relaunch.
+#: the allocation the master must follow; ``version`` grows with every change. ``PUT`` with
+#: ``{"version": n}``: the master has applied version n (its workers run on that placement). An
+#: allocation not acknowledged within the service's resize limit is applied the ordinary way: stop
+#: (SIGTERM, checkpoint, exit 143) and relaunch.
 ALLOCATION_ENDPOINT = "/v1/jobs/{job_id}/allocation"
 #: The custom resource that names a Ray node the service schedules on (``pollux-node-<name>``): an
 #: elastic master asks a small amount of it to pin each worker to an allocated node.

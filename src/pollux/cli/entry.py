@@ -26,6 +26,7 @@ from collections.abc import Sequence
 from pollux.cli.cluster_commands import add_cluster_commands
 from pollux.cli.errors import EXIT_ERROR, EXIT_INTERRUPTED, CliError
 from pollux.cli.formatting import escape_lines
+from pollux.cli.litz_commands import add_litz_commands
 from pollux.cli.parser import Parser
 from pollux.cli.sim_commands import add_sim_commands
 
@@ -36,6 +37,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     add_sim_commands(sub)
     add_cluster_commands(sub)
+    add_litz_commands(sub)
     return parser
 
 

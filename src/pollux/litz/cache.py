@@ -1,0 +1,100 @@
+"""The worker's version-tagged parameter cache and update log (thesis §4.4), pure numpy.
+
+Cache rule: a row fetched by a task of version v is tagged v and serves any task of version <= v,
+because such a task depends on a subset of the completions the fetching task depended on. SSP with
+staleness s therefore gets its cache hits for free: all tasks of one iteration share a version.
+
+Update log: the additive updates of the micro-tasks of one batch, summed per row, sent to the
+shards as one staged flush before the batch's results go to the master.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from pollux.litz.records import TableMeta
+
+
+class ParamCache:
+    """Per-worker copy of PS rows with a version tag per row (-1: never fetched)."""
+
+    def __init__(self, tables: dict[str, TableMeta]) -> None:
+        self.meta = tables
+        self.values = {n: np.zeros(m.shape, dtype=m.dtype) for n, m in tables.items()}
+        self.tags = {n: np.full(m.shape[0], -1, dtype=np.int64) for n, m in tables.items()}
+        self.hits = 0
+        self.misses = 0
+
+    def table(self, name: str) -> TableMeta:
+        if name not in self.meta:
+            raise KeyError(f"PS table {name!r} does not exist; tables: {sorted(self.meta)}")
+        return self.meta[name]
+
+    def stale_rows(self, name: str, rows: np.ndarray | None, version: int) -> np.ndarray:
+        """Rows (global ids) a task of `version` may not take from the cache."""
+        tags = self.tags[name]
+        if rows is None:
+            return np.flatnonzero(tags < version)
+        return np.unique(rows[tags[rows] < version])
+
+    def fill(self, name: str, rows: np.ndarray, values: np.ndarray, version: int) -> None:
+        self.values[name][rows] = values
+        tags = self.tags[name]
+        tags[rows] = np.maximum(tags[rows], version)
+
+    def read(self, name: str, rows: np.ndarray | None) -> np.ndarray:
+        """Cached values: a read-only view of the whole table, or a copy of `rows`."""
+        if rows is None:
+            view = self.values[name].view()
+            view.flags.writeable = False
+            return view
+        return self.values[name][rows]
+
+    def count(self, hit: bool) -> None:
+        if hit:
+            self.hits += 1
+        else:
+            self.misses += 1
+
+
+class UpdateLog:
+    """Additive updates summed per row, allocated per table on first use."""
+
+    def __init__(self, tables: dict[str, TableMeta]) -> None:
+        self.meta = tables
+        self.delta: dict[str, np.ndarray] = {}
+        self.touched: dict[str, np.ndarray] = {}
+        self.updates = 0
+
+    def add(self, name: str, delta: np.ndarray, rows: np.ndarray | None) -> None:
+        if name not in self.meta:
+            raise KeyError(f"PS table {name!r} does not exist; tables: {sorted(self.meta)}")
+        meta = self.meta[name]
+        if name not in self.delta:
+            self.delta[name] = np.zeros(meta.shape, dtype=meta.dtype)
+            self.touched[name] = np.zeros(meta.shape[0], dtype=bool)
+        delta = np.asarray(delta)
+        if rows is None:
+            if delta.shape != meta.shape:
+                raise ValueError(f"update {name!r}: delta shape {delta.shape}, table shape {meta.shape}")
+            self.delta[name] += delta
+            self.touched[name][:] = True
+        else:
+            rows = np.asarray(rows, dtype=np.int64)
+            if delta.shape != (rows.size, *meta.shape[1:]):
+                raise ValueError(
+                    f"update {name!r}: delta shape {delta.shape} for {rows.size} rows of {meta.shape}"
+                )
+            np.add.at(self.delta[name], rows, delta)
+            self.touched[name][rows] = True
+        self.updates += 1
+
+    def drain(self) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+        """{table: (touched rows, summed deltas)} and an empty log."""
+        out = {}
+        for name, delta in self.delta.items():
+            rows = np.flatnonzero(self.touched[name])
+            if rows.size:
+                out[name] = (rows, delta[rows] if rows.size < delta.shape[0] else delta)
+        self.delta, self.touched = {}, {}
+        return out

@@ -1,0 +1,297 @@
+"""Elasticity while a job runs: moving executors between workers, and PS rows between shards.
+
+Executor migration (thesis §4.4) needs no pause: the master re-maps the executor at once and sends
+its later tasks to the new worker; the old worker's `release_executor` waits until the tasks it was
+sent have run, then its package (state, sequence number and — on scale-out — input from memory)
+goes to the new worker through Ray's object store, without passing through the master. On
+scale-in the input is dropped and re-loaded from storage by the target, so the leaving worker is
+freed as soon as possible. A record's `t_done` is when the last executor arrived (scale-out) or
+when the last leaving actor was gone (scale-in).
+
+Shard migration: every shard gives its rows under the new layout to their owners and forwards
+requests for them from then on (`pollux.litz.ps`); retired shards are killed once no batch sent
+under the old layout is still running.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import numpy as np
+import ray
+from ray.exceptions import RayError
+
+from pollux.litz.master import Master, wait_dead
+from pollux.litz.records import Layout, shard_assignment
+
+
+def _loads(m: Master, wids: list[int]) -> dict[int, list[int]]:
+    out: dict[int, list[int]] = {w: [] for w in wids}
+    for e, w in sorted(m.exec_worker.items()):
+        if w in out:
+            out[w].append(e)
+    return out
+
+
+def _move(m: Master, e: int, dst: int, send_input: bool) -> Any:
+    src = m.exec_worker[e]
+    package = m.workers[src].release_executor.remote(e, m.next_seq[e], send_input)
+    m.exec_worker[e] = dst
+    return m.workers[dst].add_executor.remote(e, package)
+
+
+def resize_workers(m: Master, num_workers: int | None = None, node_ids: list[str] | None = None) -> None:
+    """Start a resize; `advance_resizes` finishes it while the job runs.
+
+    With `node_ids` the job ends with one worker per entry (Ray node ids; repeats allowed): workers
+    already on a listed node stay, the others leave, missing ones are created there. Otherwise
+    `num_workers` workers: new ones are added, or the newest ones leave.
+    """
+    before = sorted(m.workers)
+    if node_ids:
+        m.node_ids = list(node_ids)  # the job's nodes from now on (new workers and shards go there)
+        wanted = list(node_ids)
+        staying: list[int] = []
+        leaving: list[int] = []
+        for w in before:
+            node = m.worker_node.get(w)
+            if node is not None and node in wanted:
+                wanted.remove(node)
+                staying.append(w)
+            else:
+                leaving.append(w)
+        new_nodes: list[str | None] = list(wanted)
+    else:
+        if num_workers is None or num_workers < 1:
+            raise ValueError(f"resize: num_workers must be >= 1, got {num_workers}")
+        staying, leaving = before[:num_workers], before[num_workers:]
+        new_nodes = [m.default_node(len(before) + i) for i in range(num_workers - len(before))]
+    if not leaving and not new_nodes:
+        return
+    new: list[int] = []
+    try:
+        for node in new_nodes:
+            new.append(m.make_worker(node))
+    except Exception as err:  # e.g. a malformed node id: the job goes on as it was
+        for w in new:
+            ray.kill(m.workers.pop(w), no_restart=True)
+            m.worker_node.pop(w, None)
+            m.worker_layout.pop(w, None)
+        now = time.monotonic() - m.t0
+        m.summary.resizes.append(
+            {
+                "kind": "workers",
+                "from": len(before),
+                "to": len(before),
+                "t_trigger": now,
+                "t_ready": None,
+                "t_done": now,
+                "moved": 0,
+                "error": f"new workers could not be created: {err}",
+            }
+        )
+        return
+    rec: dict[str, Any] = {
+        "kind": "workers",
+        "from": len(before),
+        "to": len(staying) + len(new),
+        "t_trigger": time.monotonic() - m.t0,
+        "t_ready": None,
+        "t_done": None,
+        "moved": 0,
+        "state_bytes": 0,
+    }
+    m.summary.resizes.append(rec)
+    item = {"record": rec, "refs": [], "leaving": leaving, "staying": staying, "new": new}
+    # executors move only once the new workers run (their start takes seconds, the job goes on)
+    item["starting"] = [m.workers[w].pid.remote() for w in new]
+    m.active_resizes.append(item)
+    if not new:
+        _start_moves(m, item)
+
+
+def _start_moves(m: Master, item: dict[str, Any]) -> None:
+    staying, leaving, new = item["staying"], item["leaving"], item["new"]
+    targets = staying + new
+    item["record"]["t_ready"] = time.monotonic() - m.t0
+    sizes = [len(b) for b in np.array_split(np.arange(m.cfg.num_executors), len(targets))]
+    quota = dict(zip(targets, sizes, strict=True))
+    loads = _loads(m, targets)
+    refs: list[Any] = []
+    # scale-in part: executors of leaving workers re-load their input on the target
+    for w in leaving:
+        for e in _loads(m, [w])[w]:
+            dst = max(targets, key=lambda x: (quota[x] - len(loads[x]), -x))
+            loads[dst].append(e)
+            refs.append(_move(m, e, dst, send_input=False))
+    # scale-out part: new workers take executors (with their input, from memory) from full ones
+    for dst in new:
+        while len(loads[dst]) < quota[dst]:
+            src = max(staying, key=lambda x: (len(loads[x]) - quota[x], -x), default=None)
+            if src is None or len(loads[src]) <= quota[src]:
+                break
+            e = loads[src].pop()
+            loads[dst].append(e)
+            refs.append(_move(m, e, dst, send_input=True))
+    item["record"]["moved"] = len(refs)
+    item["refs"] = refs
+    item["starting"] = []
+
+
+def _new_workers_ready(m: Master, item: dict[str, Any]) -> bool:
+    """True once every new worker answered; a worker that cannot start cancels the resize."""
+    starting = item["starting"]
+    if not starting:
+        return True
+    ready, _ = ray.wait(starting, num_returns=len(starting), timeout=0)
+    waited = time.monotonic() - m.t0 - item["record"]["t_trigger"]
+    if len(ready) < len(starting) and waited < m.cfg.worker_start_timeout_s:
+        return False
+    try:
+        if len(ready) < len(starting):
+            raise TimeoutError(f"not running after {waited:.0f} s (RuntimeConfig.worker_start_timeout_s)")
+        pids = ray.get(starting)
+    except (RayError, TimeoutError) as err:
+        handles = [m.workers.pop(w) for w in item["new"]]
+        for h in handles:
+            ray.kill(h, no_restart=True)
+        for w in item["new"]:
+            m.worker_node.pop(w, None)
+            m.worker_layout.pop(w, None)
+        item["record"]["error"] = f"new workers did not start: {type(err).__name__}: {err}"
+        item["record"]["t_done"] = time.monotonic() - m.t0
+        m.active_resizes.remove(item)
+        return False
+    m.worker_pids.update(zip(item["new"], pids, strict=True))
+    _start_moves(m, item)
+    return True
+
+
+def advance_resizes(m: Master) -> None:
+    """Finish resizes whose executors have arrived; kill leaving workers and retired shards that
+    no running batch can still use."""
+    for item in list(m.active_resizes):
+        if not _new_workers_ready(m, item):
+            continue
+        refs = item["refs"]
+        if refs:
+            ready, rest = ray.wait(refs, num_returns=len(refs), timeout=0)
+            item["record"]["state_bytes"] = item["record"].get("state_bytes", 0) + sum(m.get(ready))
+            item["refs"] = rest
+            if rest:
+                continue
+        leaving = item["leaving"]
+        if any(info.worker_id in leaving for info in m.inflight.values()):
+            continue
+        handles = [m.workers.pop(w) for w in leaving]
+        for h in handles:
+            ray.kill(h, no_restart=True)
+        wait_dead(handles)
+        for w in leaving:
+            m.worker_layout.pop(w, None)
+            m.worker_pids.pop(w, None)
+            m.worker_node.pop(w, None)
+        item["record"]["t_done"] = time.monotonic() - m.t0
+        m.active_resizes.remove(item)
+    for item in list(m.shard_resizes):
+        _advance_shard_resize(m, item)
+    oldest = m.oldest_inflight_batch()
+    gone = [(b, h) for b, h in m.retired_shards if b < oldest]
+    if gone:
+        m.retired_shards = [(b, h) for b, h in m.retired_shards if b >= oldest]
+        for _, h in gone:
+            ray.kill(h, no_restart=True)
+            m.shard_node.pop(h, None)
+        wait_dead([h for _, h in gone])
+
+
+def resize_shards(m: Master, num_shards: int, node_ids: list[str] | None = None) -> None:
+    """Start re-spreading the PS rows over `num_shards` shards by the seeded rule.
+
+    With `node_ids`, a shard on a node not listed is replaced by a new one on a listed node (its
+    rows move there the same way), so a released node keeps no shard either. New shard actors are
+    started first (the job goes on meanwhile); `advance_resizes` then migrates the rows.
+    """
+    if num_shards < 1:
+        raise ValueError(f"resize: num_shards must be >= 1, got {num_shards}")
+    old = list(m.layout.shards)
+    keep = [
+        k < len(old) and (not node_ids or m.shard_node.get(old[k]) in node_ids) for k in range(num_shards)
+    ]
+    if num_shards == len(old) and all(keep):
+        return
+    rec: dict[str, Any] = {
+        "kind": "shards",
+        "from": len(old),
+        "to": num_shards,
+        "t_trigger": time.monotonic() - m.t0,
+        "t_ready": None,
+        "t_done": None,
+        "moved": 0,
+        "replaced": sum(1 for k in range(min(num_shards, len(old))) if not keep[k]),
+    }
+    m.summary.resizes.append(rec)
+    empty = {
+        n: (np.empty(0, dtype=np.int64), np.empty((0, *meta.shape[1:]), dtype=meta.dtype))
+        for n, meta in m.tables.items()
+    }
+    handles: list[Any] = []
+    new: list[Any] = []
+    try:
+        for k in range(num_shards):
+            if keep[k]:
+                handles.append(old[k])
+                continue
+            node = node_ids[k % len(node_ids)] if node_ids else m.default_node(k)
+            new.append(m.make_shard(k, empty, node))
+            handles.append(new[-1])
+    except Exception as err:  # e.g. a malformed node id: the job goes on as it was
+        _cancel_shards(m, {"record": rec, "new": new}, f"new shards could not be created: {err}")
+        return
+    item = {"record": rec, "handles": handles, "new": new, "starting": [h.pid.remote() for h in new]}
+    m.shard_resizes.append(item)
+
+
+def _cancel_shards(m: Master, item: dict[str, Any], error: str) -> None:
+    for h in item["new"]:
+        ray.kill(h, no_restart=True)
+        m.shard_node.pop(h, None)
+    item["record"]["error"] = error
+    item["record"]["t_done"] = time.monotonic() - m.t0
+    if item in m.shard_resizes:
+        m.shard_resizes.remove(item)
+
+
+def _advance_shard_resize(m: Master, item: dict[str, Any]) -> None:
+    """Once the new shards run: move rows to their owners under the new layout (forwarding)."""
+    rec, starting = item["record"], item["starting"]
+    if starting:
+        ready, _ = ray.wait(starting, num_returns=len(starting), timeout=0)
+        waited = time.monotonic() - m.t0 - rec["t_trigger"]
+        if len(ready) < len(starting):
+            if waited >= m.cfg.worker_start_timeout_s:
+                _cancel_shards(m, item, f"new shards did not start: not running after {waited:.0f} s")
+            return
+        try:
+            ray.get(starting)
+        except RayError as err:
+            _cancel_shards(m, item, f"new shards did not start: {type(err).__name__}: {err}")
+            return
+    rec["t_ready"] = time.monotonic() - m.t0
+    handles = item["handles"]
+    m.commit()
+    m.sync_commits()
+    owners = {n: shard_assignment(meta.shape[0], len(handles), m.cfg.seed) for n, meta in m.tables.items()}
+    old = list(m.layout.shards)
+    retired = [h for h in old if h not in handles]
+    index = {h: k for k, h in enumerate(handles)}
+    moved = m.get(
+        [h.migrate.remote(owners, handles, m.commit_id, index.get(h, -1)) for h in handles + retired]
+    )
+    rec["moved"] = int(sum(moved))
+    m.layout = Layout(m.layout.layout_id + 1, owners, handles)
+    m.shard_pids = m.get([h.pid.remote() for h in m.layout.shards])
+    m.retired_shards += [(m.next_batch_id - 1, h) for h in retired]
+    rec["t_done"] = time.monotonic() - m.t0
+    m.shard_resizes.remove(item)

@@ -1,0 +1,339 @@
+"""The Litz master: holds the driver, sends micro-tasks to workers, handles their completions.
+
+Runs in the calling process (`LitzRuntime.run()`); one thread owns every piece of state here (other
+threads talk to `LitzRuntime`, which queues their requests for this thread). Per dispatch round the
+master commits the flush keys of every completion handled so far — without waiting: the batches it
+sends carry the commit number, and shards hold reads until that commit is applied — so the tasks it
+sends next see those updates (§4.3); it sends one batch per worker. Because updates become visible
+only at a commit, and commits happen only when the driver sends new work or reads the PS, a driver
+at staleness 0 computes the same thing whatever the number of workers and the timing.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import ray
+from ray.exceptions import RayActorError, RayError, RayTaskError
+
+from pollux.litz.api import Application, ApplicationError, LitzError, TaskResult
+from pollux.litz.ps import FlushKey, PSShardActor
+from pollux.litz.records import Layout, RunSummary, RuntimeConfig, TableMeta, TaskSpec, shard_assignment
+from pollux.litz.worker import LitzWorkerActor
+
+
+class ActorLost(LitzError):
+    """A worker or shard actor died (or a call to it failed inside Ray); recovery may follow."""
+
+
+@dataclass
+class PendingTask:
+    task_id: int
+    executor_id: int
+    args: Any
+    version: int
+
+
+@dataclass
+class InFlight:
+    worker_id: int
+    batch_id: int
+    task_ids: list[int]
+
+
+class _Context:
+    """The `DriverContext` the driver's callbacks get."""
+
+    def __init__(self, master: Master) -> None:
+        self._m = master
+
+    @property
+    def num_executors(self) -> int:
+        return self._m.cfg.num_executors
+
+    @property
+    def version(self) -> int:
+        return self._m.version
+
+    def dispatch(self, executor_id: int, args: Any) -> None:
+        if not 0 <= int(executor_id) < self._m.cfg.num_executors:
+            raise LitzError(f"dispatch: executor_id {executor_id} outside [0, {self._m.cfg.num_executors})")
+        m = self._m
+        m.pending.append(PendingTask(m.next_task_id, int(executor_id), args, m.version))
+        m.next_task_id += 1
+
+    def ps_get(self, table: str, rows: np.ndarray | None = None) -> np.ndarray:
+        return self._m.ps_read(table, rows)
+
+    def report(self, **metrics: float) -> None:
+        m = self._m
+        rec = {"t": time.monotonic() - m.t0, "version": m.version, **metrics}
+        m.summary.metrics.append(rec)
+        if m.on_progress is not None:
+            m.on_progress(dict(rec, workers=len(m.workers), shards=len(m.layout.shards)))
+
+    def finish(self, result: Mapping[str, Any] | None = None) -> None:
+        self._m.finished = True
+        self._m.summary.final = dict(result or {})
+
+
+def _options(cfg: RuntimeConfig, node: str | None) -> dict[str, Any]:
+    opts: dict[str, Any] = {"num_cpus": cfg.worker_num_cpus, "max_concurrency": cfg.max_concurrency}
+    if cfg.worker_resources:
+        opts["resources"] = dict(cfg.worker_resources)
+    if node is not None:
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        opts["scheduling_strategy"] = NodeAffinitySchedulingStrategy(node, soft=False)
+    return opts
+
+
+class Master:
+    """State and loop of one run. `LitzRuntime` builds it, runs it and stops its actors."""
+
+    def __init__(self, app: Application, cfg: RuntimeConfig) -> None:
+        self.app, self.cfg = app, cfg
+        self.driver = app.driver(cfg.num_executors, app.config)
+        specs = list(self.driver.tables())
+        if len({s.name for s in specs}) != len(specs):
+            raise LitzError(f"{app.name}: table names repeat: {[s.name for s in specs]}")
+        self.specs = {s.name: s for s in specs}
+        self.tables = {s.name: TableMeta(s.name, tuple(int(d) for d in s.shape), s.dtype) for s in specs}
+        self.on_progress: Callable[[dict[str, Any]], None] | None = None
+        self.summary = RunSummary()
+        self.ctx = _Context(self)
+        self.t0 = time.monotonic()
+        self._reset_run_state()
+        self.workers: dict[int, Any] = {}
+        self.worker_pids: dict[int, int] = {}
+        self.shard_pids: list[int] = []
+        self.worker_node: dict[int, str | None] = {}
+        self.shard_node: dict[Any, str | None] = {}
+        self.worker_layout: dict[int, int] = {}
+        self.exec_worker: dict[int, int] = {}
+        self.next_worker_id = 0
+        self.layout = Layout(0, {}, [])
+        self.retired_shards: list[tuple[int, Any]] = []  # (last batch id that may use it, handle)
+        self.active_resizes: list[dict[str, Any]] = []  # worker resizes under way
+        self.shard_resizes: list[dict[str, Any]] = []  # shard resizes waiting for their new actors
+        self.node_ids = list(cfg.node_ids) if cfg.node_ids else None
+        self._worker_cls = ray.remote(LitzWorkerActor)
+        self._shard_cls = ray.remote(PSShardActor)
+
+    def _reset_run_state(self) -> None:
+        self.version = 0
+        self.next_task_id = 0
+        self.next_batch_id = 0
+        self.pending: list[PendingTask] = []
+        self.tasks: dict[int, PendingTask] = {}
+        self.next_seq: dict[int, int] = dict.fromkeys(range(self.cfg.num_executors), 0)
+        self.inflight: dict[Any, InFlight] = {}
+        self.uncommitted: list[FlushKey] = []
+        self.commit_id = 0
+        self.commit_refs: list[Any] = []
+        self.finished = False
+
+    # ------------------------------------------------------------------ actors
+    def make_shards(self, num_shards: int, values: Mapping[str, np.ndarray] | None = None) -> None:
+        """Create `num_shards` shards holding `values` (default: the tables' initial values)."""
+        owners = {n: shard_assignment(m.shape[0], num_shards, self.cfg.seed) for n, m in self.tables.items()}
+        shards: list[Any] = []
+        for k in range(num_shards):
+            tables = {}
+            for name, meta in self.tables.items():
+                rows = np.flatnonzero(owners[name] == k)
+                full = values[name] if values is not None else self.specs[name].init
+                part = (
+                    np.zeros((rows.size, *meta.shape[1:]), dtype=meta.dtype)
+                    if full is None
+                    else np.asarray(full, dtype=meta.dtype)[rows]
+                )
+                tables[name] = (rows, part)
+            shards.append(self.make_shard(k, tables, self.default_node(k)))
+        self.layout = Layout(self.layout.layout_id + 1, owners, shards)
+        self.shard_pids = self.get([s.pid.remote() for s in shards])
+
+    def make_shard(
+        self, index: int, tables: dict[str, tuple[np.ndarray, np.ndarray]], node: str | None
+    ) -> Any:
+        """Create shard actor `index` holding `tables` (on Ray node `node` when given)."""
+        opts = _options(self.cfg, node)
+        opts.pop("resources", None)  # custom resources count workers only
+        handle = self._shard_cls.options(**opts).remote(index, tables, self.commit_id)
+        self.shard_node[handle] = node
+        return handle
+
+    def default_node(self, index: int) -> str | None:
+        """Node of the `index`-th worker when no node is asked for: `RuntimeConfig.node_ids` cycled."""
+        return self.node_ids[index % len(self.node_ids)] if self.node_ids else None
+
+    def make_worker(self, node: str | None = None) -> int:
+        """Create a worker (on Ray node `node` when given); it hosts no executor yet."""
+        wid = self.next_worker_id
+        self.next_worker_id += 1
+        self.worker_node[wid] = node
+        handle = self._worker_cls.options(**_options(self.cfg, node)).remote(
+            wid, self.app, self.cfg.num_executors, self.tables, self.layout, self.cfg.task_floor_s
+        )
+        self.workers[wid] = handle
+        self.worker_layout[wid] = self.layout.layout_id
+        return wid
+
+    def place_executors(self, states: Mapping[int, tuple[Any, int]] | None = None) -> None:
+        """Spread all executors over the workers in contiguous balanced blocks, loading inputs."""
+        wids = sorted(self.workers)
+        refs = []
+        for wid, block in zip(
+            wids, np.array_split(np.arange(self.cfg.num_executors), len(wids)), strict=True
+        ):
+            for e in block.tolist():
+                state, seq = (states or {}).get(e, (None, 0))
+                self.exec_worker[e] = wid
+                self.next_seq[e] = seq
+                refs.append(self.workers[wid].add_executor.remote(e, {"state": state, "next_seq": seq}))
+        self.get(refs)
+        self.worker_pids = dict(
+            zip(wids, self.get([self.workers[w].pid.remote() for w in wids]), strict=True)
+        )
+
+    def get(self, refs: Any, timeout: float | None = None) -> Any:
+        """`ray.get` with actor deaths turned into `ActorLost` and application errors named."""
+        try:
+            return ray.get(refs, timeout=timeout)
+        except RayTaskError as err:
+            cause: Any = err
+            while isinstance(cause, RayTaskError) and cause.cause is not None and cause.cause is not cause:
+                cause = cause.cause
+            if isinstance(cause, RayActorError):
+                raise ActorLost(str(cause)) from err
+            if isinstance(cause, LitzError):
+                raise cause from err
+            raise LitzError(f"{self.app.name}: a Litz actor failed: {err}") from err
+        except RayActorError as err:
+            raise ActorLost(str(err)) from err
+
+    def stop_actors(self) -> None:
+        """Kill every worker and shard and wait until Ray reports each one gone."""
+        handles = list(self.workers.values()) + list(self.layout.shards) + [h for _, h in self.retired_shards]
+        handles += [h for item in self.shard_resizes for h in item["new"]]
+        self.shard_resizes.clear()
+        for h in handles:
+            ray.kill(h, no_restart=True)
+        wait_dead(handles)
+        self.workers.clear()
+        self.layout = Layout(self.layout.layout_id + 1, self.layout.owners, [])
+        self.retired_shards.clear()
+
+    # ------------------------------------------------------------------ PS
+    def commit(self) -> None:
+        """Send the handled flush keys to every shard as the next commit; do not wait (reads and
+        batches sent from now on carry `commit_id`, and the shards hold them until it is applied)."""
+        if self.uncommitted:
+            keys, self.uncommitted = self.uncommitted, []
+            self.commit_id += 1
+            self.commit_refs += [s.commit.remote(keys, self.commit_id) for s in self.layout.shards]
+
+    def sync_commits(self) -> None:
+        """Wait until every commit sent is applied (before a PS migration)."""
+        refs, self.commit_refs = self.commit_refs, []
+        self.get(refs)
+
+    def _check_commits(self) -> None:
+        if self.commit_refs:
+            ready, self.commit_refs = ray.wait(self.commit_refs, num_returns=len(self.commit_refs), timeout=0)
+            self.get(ready)
+
+    def ps_read(self, table: str, rows: np.ndarray | None = None) -> np.ndarray:
+        if table not in self.tables:
+            raise LitzError(f"ps_get: no table {table!r}; tables: {sorted(self.tables)}")
+        self.commit()
+        meta = self.tables[table]
+        idx = np.arange(meta.shape[0]) if rows is None else np.asarray(rows, dtype=np.int64)
+        owner = self.layout.owners[table][idx]
+        out = np.empty((idx.size, *meta.shape[1:]), dtype=meta.dtype)
+        shards = np.unique(owner)
+        got = self.get(
+            [self.layout.shards[int(s)].get.remote(table, idx[owner == s], self.commit_id) for s in shards]
+        )
+        for s, vals in zip(shards, got, strict=True):
+            out[owner == s] = vals
+        return out
+
+    def ps_tables(self) -> dict[str, np.ndarray]:
+        return {name: self.ps_read(name) for name in self.tables}
+
+    # ------------------------------------------------------------------ dispatch and completion
+    def send_pending(self) -> None:
+        if not self.pending:
+            return
+        self.commit()
+        batches: dict[int, list[TaskSpec]] = {}
+        for task in self.pending:
+            e = task.executor_id
+            spec = TaskSpec(task.task_id, e, self.next_seq[e], task.args, task.version)
+            self.next_seq[e] += 1
+            self.tasks[task.task_id] = task
+            batches.setdefault(self.exec_worker[e], []).append(spec)
+        self.pending = []
+        for wid, specs in batches.items():
+            layout = self.layout if self.worker_layout[wid] < self.layout.layout_id else None
+            self.worker_layout[wid] = self.layout.layout_id
+            ref = self.workers[wid].run_batch.remote(self.next_batch_id, specs, layout, self.commit_id)
+            self.inflight[ref] = InFlight(wid, self.next_batch_id, [s.task_id for s in specs])
+            self.next_batch_id += 1
+            self.summary.batches += 1
+
+    def wait_completions(self, timeout: float) -> int:
+        """Handle every batch that is back within `timeout`; returns the tasks completed."""
+        self._check_commits()
+        if not self.inflight:
+            time.sleep(min(timeout, 0.01))
+            return 0
+        refs = list(self.inflight)
+        ready, _ = ray.wait(refs, num_returns=1, timeout=timeout)
+        if not ready:
+            return 0
+        ready, _ = ray.wait(refs, num_returns=len(refs), timeout=0)
+        ready.sort(key=lambda r: self.inflight[r].batch_id)
+        done = 0
+        for ref in ready:
+            self.inflight.pop(ref)
+            out = self.get(ref)
+            if out["key"] is not None:
+                self.uncommitted.append(out["key"])
+                self.summary.flushes += 1
+            self.summary.cache_hits += int(out["stats"]["hits"])
+            self.summary.cache_misses += int(out["stats"]["misses"])
+            self.summary.worker_busy_s += out["stats"]["run_s"] + out["stats"]["flush_s"]
+            for task_id, value, error in out["results"]:
+                task = self.tasks.pop(task_id)
+                if error is not None:
+                    raise ApplicationError(f"{self.app.name}: {error}")
+                self.version += 1
+                self.summary.tasks_completed += 1
+                done += 1
+                if not self.finished:
+                    result = TaskResult(task.executor_id, task.args, value, task.version)
+                    self.driver.handle_task_completion(self.ctx, result)
+        return done
+
+    def oldest_inflight_batch(self) -> int:
+        return min((i.batch_id for i in self.inflight.values()), default=self.next_batch_id)
+
+
+def wait_dead(handles: list[Any], timeout: float = 30.0) -> None:
+    """Block until every actor in `handles` answers a ping with an actor-died error."""
+    deadline = time.monotonic() + timeout
+    for h in handles:
+        while time.monotonic() < deadline:
+            try:
+                ray.get(h.ping.remote(), timeout=max(0.1, deadline - time.monotonic()))
+            except RayActorError:
+                break
+            except RayError:
+                break
+            time.sleep(0.02)

@@ -1,0 +1,141 @@
+"""Records of the Litz runtime: its configuration, its run summary, and the row-to-shard layout.
+
+Kept apart from the actors so that the master, the workers, the shards, the live service and the
+benchmarks share one spelling of each record, and so that the layout rule (a seeded permutation of
+rows split into `num_shards` parts) is written once: the SCAR issue recovers shards by that rule.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+
+@dataclass
+class RuntimeConfig:
+    """How `LitzRuntime` runs a job.
+
+        `task_floor_s` pads every micro-task so that a worker finishes at most one task per
+        `task_floor_s` seconds: an emulated node speed, so that two real cores can show what eight nodes
+        would do (real compute must stay well below the floor for the emulation to hold).
+        `worker_resources` (a Ray custom resource per worker, e.g. ``{"node:litz-3": 0.01}``) and
+        `node_ids` (Ray node ids; worker i goes to ``node_ids[i % len(node_ids)]`` by node affinity) let
+        the live service put workers on the nodes it allocated; both default to "anywhere". A worker
+        resize whose new workers are not running after `worker_start_timeout_s` is cancelled (its
+        record gets an "error"); `max_recoveries` bounds restores from checkpoints per run; a run in
+    which no micro-task completes for `stall_timeout_s` fails (a hang becomes an error). `resume`
+    starts from the latest checkpoint in `checkpoint_dir` when there is one (a relaunched job).
+    """
+
+    num_executors: int = 4
+    num_workers: int = 2
+    num_shards: int = 2
+    seed: int = 0
+    checkpoint_dir: str | None = None
+    checkpoint_every_s: float | None = None
+    task_floor_s: float = 0.0
+    worker_resources: Mapping[str, float] | None = None
+    node_ids: list[str] | None = None
+    worker_num_cpus: float = 0.0
+    max_concurrency: int = 1000
+    max_recoveries: int = 3
+    worker_start_timeout_s: float = 120.0
+    stall_timeout_s: float = 600.0
+    resume: bool = False
+    poll_s: float = 0.05
+
+    def __post_init__(self) -> None:
+        for name in ("num_executors", "num_workers", "num_shards"):
+            if int(getattr(self, name)) < 1:
+                raise ValueError(f"RuntimeConfig.{name}: must be >= 1, got {getattr(self, name)}")
+        if self.task_floor_s < 0:
+            raise ValueError(f"RuntimeConfig.task_floor_s: must be >= 0, got {self.task_floor_s}")
+        if self.checkpoint_every_s is not None and self.checkpoint_every_s <= 0:
+            raise ValueError("RuntimeConfig.checkpoint_every_s: must be > 0 or None")
+        if self.max_concurrency < 2:
+            raise ValueError("RuntimeConfig.max_concurrency: workers need > 1 to overlap micro-tasks")
+
+
+@dataclass
+class RunSummary:
+    """What one `LitzRuntime.run()` did.
+
+    `resizes` entries: kind ("workers" / "shards"), from, to, and seconds since the run started:
+    t_trigger (asked), t_ready (new actors running), t_done (executors arrived; for a scale-in the
+    last leaving actor gone — the release time; None if the run ended first); moved (executors or
+    rows), state_bytes (pickled executor state moved), replaced (shards moved off unlisted nodes),
+    error (only when the resize was cancelled: its new actors did not start).
+    """
+
+    wall_s: float = 0.0
+    tasks_completed: int = 0
+    metrics: list[dict[str, Any]] = field(default_factory=list)
+    final: dict[str, Any] = field(default_factory=dict)
+    resizes: list[dict[str, Any]] = field(default_factory=list)
+    checkpoints_saved: int = 0
+    checkpoints_loaded: int = 0
+    recoveries: int = 0
+    cache_hits: int = 0
+    cache_misses: int = 0
+    version: int = 0
+    num_workers: int = 0
+    num_shards: int = 0
+    flushes: int = 0
+    batches: int = 0
+    stopped: bool = False  # ended by LitzRuntime.stop(), not by the driver's finish()
+    resumed: bool = False  # started from a checkpoint (RuntimeConfig.resume)
+    worker_busy_s: float = 0.0  # summed over batches: running tasks plus staging their updates
+
+    def to_dict(self) -> dict[str, Any]:
+        return {k: v for k, v in vars(self).items()}
+
+
+@dataclass(frozen=True)
+class TaskSpec:
+    """A dispatched micro-task as it travels to a worker: `seq` orders tasks of one executor."""
+
+    task_id: int
+    executor_id: int
+    seq: int
+    args: Any
+    version: int
+
+
+@dataclass(frozen=True)
+class TableMeta:
+    """Shape and dtype of a table, without its initial value (what workers and shards need)."""
+
+    name: str
+    shape: tuple[int, ...]
+    dtype: str
+
+
+def shard_assignment(num_rows: int, num_shards: int, seed: int) -> np.ndarray:
+    """Owner shard of every row: ``np.random.default_rng(seed).permutation(num_rows)`` split into
+    `num_shards` consecutive parts (``np.array_split``); part k belongs to shard k.
+
+    The same rule for every table and every layout, so a shard's rows can be recomputed from
+    (rows, shards, seed) alone — the SCAR issue relies on this.
+    """
+    if num_rows < 1 or num_shards < 1:
+        raise ValueError(f"shard_assignment: rows {num_rows} and shards {num_shards} must be >= 1")
+    perm = np.random.default_rng(seed).permutation(num_rows)
+    owner = np.empty(num_rows, dtype=np.int64)
+    for k, part in enumerate(np.array_split(perm, num_shards)):
+        owner[part] = k
+    return owner
+
+
+@dataclass
+class Layout:
+    """Rows → shard of every table, with the shard actors; `layout_id` grows on every PS resize."""
+
+    layout_id: int
+    owners: dict[str, np.ndarray]
+    shards: list[Any]
+
+    def rows_of(self, table: str, shard: int) -> np.ndarray:
+        return np.flatnonzero(self.owners[table] == shard)

@@ -1,0 +1,237 @@
+"""Worker actors: many executors per worker, micro-tasks run as coroutines (thesis §4.4).
+
+A worker receives *batches* of micro-tasks from the master (one Ray call per worker per dispatch
+round, not one per task). Each task runs as a coroutine on the actor's event loop, so a task that
+waits on a PS read yields to the others. Tasks of one executor run one at a time in dispatch order
+(`seq`), which is also what makes moving an executor safe: `release_executor` waits until the
+executor's last task sent here has run, then hands its state (and, on scale-out, its input) on.
+
+All updates of a batch are summed in one update log and staged at the shards before the batch's
+results go back to the master; the master commits them (see `pollux.litz.ps`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import pickle
+import time
+from typing import Any
+
+import numpy as np
+from ray.exceptions import RayError
+
+from pollux.litz.api import Application, Executor
+from pollux.litz.cache import ParamCache, UpdateLog
+from pollux.litz.records import Layout, TableMeta, TaskSpec
+
+
+class _TaskPS:
+    """The PS as one micro-task sees it: cached reads at the task's version, logged updates."""
+
+    def __init__(
+        self,
+        worker: LitzWorkerActor,
+        version: int,
+        log: UpdateLog,
+        stats: dict[str, float],
+        min_commit: int,
+    ) -> None:
+        self._worker, self._version, self._log, self._stats = worker, version, log, stats
+        self._min_commit = min_commit
+
+    async def get(self, table: str, rows: np.ndarray | None = None) -> np.ndarray:
+        start = time.perf_counter()
+        try:
+            return await self._worker.ps_read(table, rows, self._version, self._stats, self._min_commit)
+        finally:
+            self._stats["ps_wait_s"] += time.perf_counter() - start
+
+    def update(self, table: str, delta: np.ndarray, rows: np.ndarray | None = None) -> None:
+        self._log.add(table, delta, None if rows is None else np.asarray(rows, dtype=np.int64))
+
+
+class _TaskContext:
+    def __init__(self, executor_id: int, version: int, ps: _TaskPS) -> None:
+        self._executor_id, self._version, self._ps = executor_id, version, ps
+
+    @property
+    def executor_id(self) -> int:
+        return self._executor_id
+
+    @property
+    def version(self) -> int:
+        return self._version
+
+    @property
+    def ps(self) -> _TaskPS:
+        return self._ps
+
+
+class LitzWorkerActor:
+    """One worker; wrapped with ``ray.remote`` (async actor, max_concurrency > 1) by the master."""
+
+    def __init__(
+        self,
+        worker_id: int,
+        app: Application,
+        num_executors: int,
+        tables: dict[str, TableMeta],
+        layout: Layout,
+        task_floor_s: float,
+    ) -> None:
+        self.worker_id = worker_id
+        self.app = app
+        self.num_executors = num_executors
+        self.tables = tables
+        self.layout = layout
+        self.task_floor_s = task_floor_s
+        self.executors: dict[int, Executor] = {}
+        self.next_seq: dict[int, int] = {}
+        self.cache = ParamCache(tables)
+        self._turns = asyncio.Condition()
+        self._fetch_locks: dict[str, asyncio.Lock] = {}
+        self._node_clock = 0.0
+
+    # ------------------------------------------------------------------ plumbing
+    def pid(self) -> int:
+        return os.getpid()
+
+    def ping(self) -> int:
+        return self.worker_id
+
+    def set_layout(self, layout: Layout) -> None:
+        if layout.layout_id > self.layout.layout_id:
+            self.layout = layout
+
+    # ------------------------------------------------------------------ executors
+    async def add_executor(self, executor_id: int, package: dict[str, Any]) -> int:
+        """Host `executor_id`: its input from `package` (scale-out) or from storage, its state and
+        the sequence number of the next task it will run. Returns bytes of state received."""
+        ex = self.app.executor(executor_id, self.num_executors, self.app.config)
+        ex.set_input(package["input"] if package.get("has_input") else ex.load_input())
+        if package.get("state") is not None:
+            ex.set_state(package["state"])
+        async with self._turns:
+            self.executors[executor_id] = ex
+            self.next_seq[executor_id] = int(package.get("next_seq", 0))
+            self._turns.notify_all()
+        return int(package.get("state_bytes", 0))
+
+    async def release_executor(self, executor_id: int, expected_seq: int, send_input: bool) -> dict[str, Any]:
+        """Wait for the executor's tasks sent here (seq < expected_seq) to run, then give it up."""
+        async with self._turns:
+            await self._turns.wait_for(
+                lambda: executor_id in self.executors and self.next_seq[executor_id] >= expected_seq
+            )
+            ex = self.executors.pop(executor_id)
+            seq = self.next_seq.pop(executor_id)
+        state = ex.get_state()
+        return {
+            "state": state,
+            "state_bytes": len(pickle.dumps(state, protocol=5)) if state is not None else 0,
+            "has_input": send_input,
+            "input": ex.input if send_input else None,
+            "next_seq": seq,
+        }
+
+    def collect_states(self) -> dict[int, tuple[Any, int]]:
+        """{executor: (state, next seq)} of every hosted executor (for a consistent checkpoint)."""
+        return {e: (ex.get_state(), self.next_seq[e]) for e, ex in self.executors.items()}
+
+    # ------------------------------------------------------------------ PS reads
+    async def ps_read(
+        self, table: str, rows: np.ndarray | None, version: int, stats: dict[str, float], min_commit: int = 0
+    ) -> np.ndarray:
+        meta = self.cache.table(table)
+        idx = None if rows is None else np.asarray(rows, dtype=np.int64)
+        if idx is not None and idx.size and (idx.min() < 0 or idx.max() >= meta.shape[0]):
+            raise IndexError(f"PS get {table!r}: rows outside [0, {meta.shape[0]})")
+        if self.cache.stale_rows(table, idx, version).size == 0:
+            stats["hits"] += 1
+            return self.cache.read(table, idx)
+        lock = self._fetch_locks.setdefault(table, asyncio.Lock())
+        async with lock:  # one fetch per table at a time: a second task then hits the cache
+            stale = self.cache.stale_rows(table, idx, version)
+            if stale.size == 0:
+                stats["hits"] += 1
+                return self.cache.read(table, idx)
+            stats["misses"] += 1
+            owner = self.layout.owners[table][stale]
+            shards = np.unique(owner)
+            parts = [stale[owner == s] for s in shards]
+            got = await asyncio.gather(
+                *[
+                    self.layout.shards[int(s)].get.remote(table, part, min_commit)
+                    for s, part in zip(shards, parts, strict=True)
+                ]
+            )
+            for part, vals in zip(parts, got, strict=True):
+                self.cache.fill(table, part, vals, version)
+            return self.cache.read(table, idx)
+
+    # ------------------------------------------------------------------ micro-tasks
+    async def run_batch(
+        self, batch_id: int, tasks: list[TaskSpec], layout: Layout | None = None, min_commit: int = 0
+    ) -> dict[str, Any]:
+        """Run `tasks` (cooperatively), stage their summed updates, return their results. Reads
+        wait for the master's commit `min_commit` at the shards (the §4.3 guarantee)."""
+        if layout is not None:
+            self.set_layout(layout)
+        log = UpdateLog(self.tables)
+        stats = {"hits": 0.0, "misses": 0.0, "ps_wait_s": 0.0}
+        start = time.perf_counter()
+        results = await asyncio.gather(*[self._run_one(t, log, stats, min_commit) for t in tasks])
+        stats["run_s"] = time.perf_counter() - start
+        drained = log.drain()
+        key = (self.worker_id, batch_id)
+        by_shard: dict[int, list[tuple[str, np.ndarray, np.ndarray]]] = {}
+        for table, (rows, delta) in drained.items():
+            owner = self.layout.owners[table][rows]
+            for s in np.unique(owner):
+                sel = owner == s
+                by_shard.setdefault(int(s), []).append((table, rows[sel], delta[sel]))
+        if by_shard:
+            await asyncio.gather(
+                *[self.layout.shards[s].stage.remote(key, items) for s, items in by_shard.items()]
+            )
+        stats["flush_s"] = time.perf_counter() - start - stats["run_s"]
+        return {
+            "key": key if by_shard else None,
+            "results": results,
+            "stats": stats,
+            "worker": self.worker_id,
+        }
+
+    async def _run_one(
+        self, task: TaskSpec, log: UpdateLog, stats: dict[str, float], min_commit: int
+    ) -> tuple[int, Any, str | None]:
+        eid = task.executor_id
+        async with self._turns:
+            await self._turns.wait_for(lambda: self.next_seq.get(eid, -1) == task.seq)
+        ex = self.executors[eid]
+        task_stats = {"hits": 0.0, "misses": 0.0, "ps_wait_s": 0.0}
+        ctx = _TaskContext(eid, task.version, _TaskPS(self, task.version, log, task_stats, min_commit))
+        start = time.perf_counter()
+        value: Any = None
+        error: str | None = None
+        try:
+            value = await ex.run_task(ctx, task.args)
+        except RayError:  # a lost shard, not the application's fault: the master recovers
+            raise
+        except Exception as exc:  # the application's own error: reported to the master, named
+            error = f"executor {eid}, task {task.task_id} (args {task.args!r}): {type(exc).__name__}: {exc}"
+        finally:
+            if self.task_floor_s > 0:
+                # the emulated node runs one task per floor period: reserve the next slot on its
+                # clock and sleep until the slot ends (deadlines, so sleep overshoots do not add up)
+                now = time.perf_counter()
+                compute = now - start - task_stats["ps_wait_s"]
+                self._node_clock = max(self._node_clock, start) + max(self.task_floor_s, compute)
+                await asyncio.sleep(max(0.0, self._node_clock - now))
+            for k, v in task_stats.items():
+                stats[k] += v
+            async with self._turns:
+                self.next_seq[eid] = task.seq + 1
+                self._turns.notify_all()
+        return task.task_id, value, error
