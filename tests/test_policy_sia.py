@@ -331,3 +331,53 @@ def test_limits_none_and_no_type_models() -> None:
     out, _ = decide(SiaPolicy(), [job], parse_cluster("aws:1x4,rtx:1x8"))
     assert sum(out["a"].values()) >= 1
     assert BatchLimits(model.init_batch_size).max_batch == model.init_batch_size
+
+
+# ------------------------------------------------------------------------------------------------
+# Placement: one-node counts stay on one node; a fallback keeps the current allocation
+# ------------------------------------------------------------------------------------------------
+
+
+def test_one_node_counts_are_never_split_over_nodes() -> None:
+    from pollux.policy.sia import _Nodes
+    cluster = parse_cluster("aws:2x4")
+    pinned = np.array([[2, 0], [0, 2]])                   # two free GPUs on each node
+    nodes = _Nodes(cluster, pinned)
+    assert nodes.place(0, 4) is None                      # valued on one node: not 2 + 2
+    assert nodes.place(0, 2).tolist() == [2, 0]
+    wide = _Nodes(parse_cluster("aws:3x4"), np.array([[2, 0, 0]]))
+    assert wide.place(0, 8).tolist() == [0, 4, 4]         # more than a node: packed as before
+
+
+def test_fallback_keeps_the_current_allocation() -> None:
+    from pollux.policy.sia import _Nodes
+    cluster = parse_cluster("aws:2x4")
+    model, limits = random_model(np.random.default_rng(5))
+    limits = replace(limits, max_batch_size=max(float(limits.max_batch_size or 0), 8 * limits.min_local_bsz))
+    a = JobView(id="a", submit_time=0.0, age_s=5000.0, allocation={"aws-0": 2}, max_replicas=8,
+                model=model, limits=limits, max_replicas_seen=2)
+    policy = SiaPolicy()
+    pinned = np.array([[1, 0], [0, 2]])                   # aws-0: 1 + a's 2 held; aws-1: 2 held
+    table = policy.table([a], cluster, np.array([5]))
+    four = np.flatnonzero(table.count == 4)
+    assert four.size == 1
+    nodes = _Nodes(cluster, pinned)
+    alloc: dict = {}
+    fell = policy._place(table, four, [a], np.array([[2, 0]]), nodes, cluster, alloc)
+    assert fell == ["a"]
+    assert alloc["a"] == {"aws-0": 2}        # not moved to aws-1 (the fullest node for 2 GPUs)
+
+
+def test_default_lambda_n_admits_a_waiting_job_by_shrinking_another() -> None:
+    from pollux.policy.sia import LAMBDA_N
+    assert SiaPolicy().lambda_n == LAMBDA_N
+    cluster = parse_cluster("aws:1x4")
+    model, limits = random_model(np.random.default_rng(5))
+    running = [JobView(id=f"r{i}", submit_time=float(i), age_s=3000.0, allocation={"aws-0": 2},
+                       max_replicas=4, model=model, limits=limits, max_replicas_seen=2)
+               for i in range(2)]
+    new = JobView(id="n", submit_time=10.0, age_s=30.0, max_replicas=4, model=model, limits=limits)
+    out, _ = decide(SiaPolicy(), [*running, new], cluster)
+    assert set(out) == {"r0", "r1", "n"}
+    out, _ = decide(SiaPolicy(lambda_n=1.1), [*running, new], cluster)
+    assert "n" not in out                                # Sia's 1.1: it waits behind 2-GPU jobs

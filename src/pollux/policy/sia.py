@@ -13,7 +13,8 @@ The program, over binary ``x[j, c]`` (job j takes configuration c of :mod:`.sia_
 ``cost = (G · f)^p`` (p = −0.5: the power-mean utility of the Pollux problem, normalised goodput G,
 re-allocation factor f on changed configurations) plus λ_a on the changed configurations of a
 running job, and ``idle_cost = λ_n ×`` the dearest of the job's cheapest configurations
-(λ_n = 1.1), so leaving a job out is always worse than running it somewhere — see
+(λ_n = 3 by default, see :data:`LAMBDA_N`), so leaving a job out is always worse than running it
+somewhere, and worse than shrinking a job that holds more than its fewest GPUs — see
 :mod:`.sia_configs`. λ_a trades a little JCT for fewer restarts; by default it is Sia's 0.01 on a
 one-type cluster and 0.07 on a cluster of several types, where moves between types add restarts
 (measurements at :data:`LAMBDA_A_MIXED`). Min/max replicas, the exploration cap and rigid jobs are
@@ -26,10 +27,30 @@ to stdout, an upstream debug print, ERGO-Code/HiGHS#2783; it does not affect the
 
 Placement (per type, nodes of that type only): jobs whose configuration is unchanged keep their
 nodes; the others, largest first, go on one node when they fit one (the fullest node that fits,
-to keep whole nodes free), else packed on the fewest nodes that hold no other distributed job (at
-most one distributed job per node, SPEC §5). A chosen count that cannot be placed because the free
-GPUs of its type are fragmented falls back to the job's next smaller candidate count on that type
-that can (and to no GPUs if none can); such jobs are listed in the state's ``fallbacks``.
+to keep whole nodes free). A count of at most one node's GPUs is placed on one node only — the
+program valued it on one node (a 4-GPU job split 2 + 2 over two T4 nodes syncs across nodes and
+blocks both nodes for other distributed jobs); larger counts are packed on the fewest nodes that
+hold no other distributed job (at most one distributed job per node, SPEC §5). A chosen count
+that cannot be placed because the free GPUs of its type are fragmented falls back to the job's
+current allocation when it is on that type and still fits as it is (no restart for nothing),
+else to the job's next smaller candidate count on that type that can be placed (and to no GPUs if
+none can); such jobs are listed in the state's ``fallbacks``.
+
+Measured (seed 0, the 8 pollux-osdi21 workloads on 16 x 4; mean average JCT / restarts per job):
+λ_n 1.1 2728 s / 2.91 → λ_n 3 2717 s / 2.92 (λ_n 10: the same as 3); + keeping the current
+allocation on a fallback 2716 s / 2.85; + one-node placement of one-node counts 2717 s / 2.77.
+With λ_n = 1.1, workload-2 had 252 job-rounds of jobs waiting behind 2-GPU jobs (ncf p99 JCT
+949 s against Pollux's 128 s): admitting a job at 1 GPU gained only (λ_n − 1) × its cost, while
+shrinking a 2-GPU job to make room cost about three times that; with λ_n = 3, none waited.
+75 of 76 fallbacks in that run ended at the job's current count, placed afresh (a restart).
+Tried and rejected (same runs, with λ_n = 3): every count 1..cap instead of 1, 2, 4, then whole
+nodes (2843 s / 4.07: more small moves, more restarts), adding 3, 6, 12, 24, … (2798 s / 3.72),
+normalising by the fair-share goodput as Pollux does (2727 s / 3.11), λ_a = 0 (2731 s / 3.29),
+λ_a = 0.005 (2716 s / 2.87, final placement), δ = 60 s (2776 s / 2.57), no restart factor for a job
+without GPUs as Sia's artifact (no change). δ = 20 s gave 2697 s / 2.93 but is not the simulator's
+30 s restart delay, so δ stays 30 s. On the sia-sosp23 cluster (benchmarks/heterogeneous.py, all 8
+workloads) the changes give 0.575 h mean average JCT and 2.80 restarts per job (before: 0.575 h,
+2.94).
 """
 
 from __future__ import annotations
@@ -55,6 +76,11 @@ STATE_VERSION = 1
 #: and 3.81 / 3.14 / 2.91 (w1-4) / 2.50 restarts per job — type moves add restarts there).
 LAMBDA_A_ONE_TYPE = 0.01
 LAMBDA_A_MIXED = 0.07
+#: Default λ_n (Sia's is 1.1 on its flat idle cost; measurements in the module docstring). With
+#: ``idle_cost = λ_n × cost of the fewest GPUs``, λ_n = 1.1 let jobs wait behind jobs holding two
+#: GPUs each; λ_n ≥ 3 makes admitting a waiting job worth more than the restart of a job shrunk
+#: for it, as Pollux's power mean does (a job without GPUs has speedup 0 there).
+LAMBDA_N = 3.0
 
 
 def priority_key(job: JobView, pinned: bool) -> tuple[bool, float, float, str]:
@@ -104,7 +130,8 @@ class _Nodes:
     """Free GPUs and distributed-job owners of the nodes while one round's choices are placed."""
 
     def __init__(self, cluster: Cluster, pinned_rows: np.ndarray) -> None:
-        self.free = cluster.capacity() - pinned_rows.sum(axis=0)
+        self.cap = cluster.capacity()
+        self.free = self.cap - pinned_rows.sum(axis=0)
         self.owner = np.full(cluster.num_nodes, -1, dtype=np.int64)
         self.type_of = cluster.type_index()
         for j in np.flatnonzero(np.count_nonzero(pinned_rows, axis=1) > 1):
@@ -124,8 +151,9 @@ class _Nodes:
         return True
 
     def place(self, t: int, n: int) -> np.ndarray | None:
-        """GPUs per node for ``n`` GPUs on type ``t``: the fullest single node that fits, else
-        packed on the fewest nodes free of other distributed jobs; None if neither works."""
+        """GPUs per node for ``n`` GPUs on type ``t``: the fullest single node that fits; else, for
+        more GPUs than one node of the type holds, packed on the fewest nodes free of other
+        distributed jobs; None if neither works (a one-node count is never split over nodes)."""
         mine = self.type_of == t
         fit = np.flatnonzero(mine & (self.free >= n))
         row = np.zeros_like(self.free)
@@ -133,6 +161,8 @@ class _Nodes:
             node = int(fit[np.argmin(self.free[fit])])          # first minimum: lowest index
             row[node] = n
             return row
+        if n <= int(self.cap[mine].max(initial=0)):
+            return None
         ok = mine & (self.owner == -1)
         packed = place_packed(n, np.where(ok, self.free, 0))
         return packed
@@ -145,7 +175,8 @@ class SiaPolicy:
     ----------
     p: fairness power of the per-job utility (−0.5 as Sia; must be non-zero).
     lambda_n: the cost of leaving a job without GPUs, as a multiple of its worst configuration's
-        cost (> 1; 1.1 as Sia).
+        cost (> 1; :data:`LAMBDA_N` = 3 by default, Sia's 1.1 let jobs wait while others held
+        more than their fewest GPUs).
     restart_penalty_s: δ of the re-allocation factor ``(T − R·δ)/(T + δ)`` (SPEC §5).
     min_factor: floor of that factor, so a brand-new job still ranks its configurations.
     lambda_a: flat cost of changing a running job's configuration or stopping it (Sia's λ_a);
@@ -163,7 +194,7 @@ class SiaPolicy:
 
     name = "sia"
 
-    def __init__(self, p: float = -0.5, lambda_n: float = 1.1, restart_penalty_s: float = 30.0,
+    def __init__(self, p: float = -0.5, lambda_n: float = LAMBDA_N, restart_penalty_s: float = 30.0,
                  min_factor: float = 0.1, *, lambda_a: float | None = None, rigid_fixed: bool = False,
                  mip_rel_gap: float = 1e-7, time_limit_s: float = 30.0, cache: int = 4096) -> None:
         check_options(float(p), float(lambda_n), float(restart_penalty_s), float(min_factor))
@@ -256,7 +287,10 @@ class SiaPolicy:
             row = nodes.place(t, n)
             if row is None:
                 fallbacks.append(jobs[j].id)
-                for smaller in sorted(table.counts[j].get(t, ()), reverse=True):
+                held = int(cur[j].sum())
+                if held and int(cur[j][nodes.type_of == t].sum()) == held and nodes.fits_as_is(cur[j], j):
+                    row = cur[j]                    # keep what it runs on: no restart for nothing
+                for smaller in () if row is not None else sorted(table.counts[j].get(t, ()), reverse=True):
                     if smaller < n:
                         row = nodes.place(t, smaller)
                         if row is not None:
