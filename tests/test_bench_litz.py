@@ -35,6 +35,7 @@ def _finite(x: object) -> bool:
 
 
 def test_litz_benchmark_quick_json_has_every_section():
+    before = set(descendants(os.getpid()))   # earlier tests may leave helpers of their own
     proc = subprocess.Popen([sys.executable, str(BENCH), "--quick", "--json"], cwd=ROOT,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             start_new_session=True)  # fmt: skip
@@ -88,7 +89,10 @@ def test_litz_benchmark_quick_json_has_every_section():
     session = rep.get("ray_session")
     assert session, "the benchmark must report its Ray session"
     deadline = time.monotonic() + 20
-    while (left := _session_pids(session) + descendants(os.getpid())) and time.monotonic() < deadline:
+    def new_children() -> list[int]:
+        return [p for p in descendants(os.getpid()) if p not in before]
+
+    while (left := _session_pids(session) + new_children()) and time.monotonic() < deadline:
         time.sleep(0.2)
     assert left == [], f"processes of Ray session {session} left behind by the benchmark: {left}"
 

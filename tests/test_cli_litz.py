@@ -53,13 +53,18 @@ def kmeans(tmp_path_factory: pytest.TempPathFactory) -> Any:
     sys.modules.pop(spec.name, None)
 
 
-def ray_children_gone(timeout_s: float = 20.0) -> list[int]:
+def ray_children_gone(before: set[int], timeout_s: float = 20.0) -> list[int]:
+    """This process's children that were not there ``before`` (earlier tests may leave long-lived
+    helpers of their own, e.g. multiprocessing's resource tracker), once they had time to exit."""
     from pollux.cluster.backend import descendants
 
+    def new() -> list[int]:
+        return [p for p in descendants(os.getpid()) if p not in before]
+
     deadline = time.monotonic() + timeout_s
-    while descendants(os.getpid()) and time.monotonic() < deadline:
+    while new() and time.monotonic() < deadline:
         time.sleep(0.2)
-    return descendants(os.getpid())
+    return new()
 
 
 # ------------------------------------------------------------------------------ no Ray
@@ -170,14 +175,15 @@ def test_doc_example_through_the_cli_locally(capsys, kmeans):
 def ray_cluster() -> Any:
     """One local Ray cluster for the Ray tests; stopped at the end, and no process of it left."""
     ray = pytest.importorskip("ray")
-    from pollux.cluster.backend import ray_env
+    from pollux.cluster.backend import descendants, ray_env
 
     os.environ.update(ray_env())
+    before = set(descendants(os.getpid()))
     ray.init(address="local", num_cpus=2, include_dashboard=False, logging_level="ERROR",
              log_to_driver=False, _node_ip_address="127.0.0.1")
     yield ray
     ray.shutdown()
-    assert ray_children_gone() == [], "Ray processes left behind"
+    assert ray_children_gone(before) == [], "Ray processes left behind"
 
 
 def test_cli_on_ray_starts_resizes_stops_and_matches_local(capsys, monkeypatch, ray_cluster):
