@@ -12,11 +12,13 @@ value (`ray.cloudpickle.register_pickle_by_value`).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
+import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
@@ -171,3 +173,27 @@ def config(**fields: Any) -> Any:
     from pollux.litz.records import RuntimeConfig
 
     return RuntimeConfig(**{"stall_timeout_s": 30.0, **fields})
+
+
+@contextlib.contextmanager
+def local_ray(**init: Any) -> Iterator[None]:
+    """A local Ray cluster on loopback (2 CPUs, plus ``init``) for one test module; on exit it is
+    shut down and no process it started may be left (processes that were already this process's
+    children — earlier tests' long-lived helpers — are not its own)."""
+    import ray
+
+    from pollux.cluster.backend import descendants, ray_env
+
+    os.environ.update(ray_env())
+    before = set(descendants(os.getpid()))
+    ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
+    ray.init(address="local", num_cpus=2, include_dashboard=False, logging_level="ERROR",
+             log_to_driver=False, _node_ip_address="127.0.0.1", **init)
+    try:
+        yield
+    finally:
+        ray.shutdown()
+    deadline = time.monotonic() + 20
+    while set(descendants(os.getpid())) - before and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not set(descendants(os.getpid())) - before, "Ray processes left behind"

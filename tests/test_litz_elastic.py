@@ -7,8 +7,6 @@ whatever the timing.
 
 from __future__ import annotations
 
-import os
-import time
 from typing import Any
 
 import numpy as np
@@ -17,30 +15,14 @@ import pytest
 ray = pytest.importorskip("ray")
 
 import litz_helpers as h  # noqa: E402
-from pollux.cluster.backend import descendants, ray_env  # noqa: E402
 from pollux.litz.records import RuntimeConfig  # noqa: E402
 from pollux.litz.runtime import LitzRuntime  # noqa: E402
 
 
 @pytest.fixture(scope="module")
 def cluster():
-    os.environ.update(ray_env())
-    before = set(descendants(os.getpid()))  # earlier tests may leave helpers of their own
-    ray.cloudpickle.register_pickle_by_value(h)
-    ray.init(
-        address="local",
-        num_cpus=2,
-        include_dashboard=False,
-        logging_level="ERROR",
-        log_to_driver=False,
-        _node_ip_address="127.0.0.1",
-    )
-    yield
-    ray.shutdown()
-    deadline = time.monotonic() + 20
-    while set(descendants(os.getpid())) - before and time.monotonic() < deadline:
-        time.sleep(0.2)
-    assert not set(descendants(os.getpid())) - before, "Ray processes left behind"
+    with h.local_ray():
+        yield
 
 
 def _run(app: Any, cfg: RuntimeConfig, at: dict[int, Any]) -> Any:

@@ -5,16 +5,12 @@ One module-scoped ``ray.init(num_cpus=2)``; the last check is that no Ray proces
 
 from __future__ import annotations
 
-import os
-import time
-
 import numpy as np
 import pytest
 
 ray = pytest.importorskip("ray")
 
 import litz_helpers as h  # noqa: E402
-from pollux.cluster.backend import descendants, ray_env  # noqa: E402
 from pollux.litz.api import ApplicationError, LitzError  # noqa: E402
 from pollux.litz.records import shard_assignment  # noqa: E402
 from pollux.litz.runtime import LitzRuntime  # noqa: E402
@@ -22,24 +18,9 @@ from pollux.litz.runtime import LitzRuntime  # noqa: E402
 
 @pytest.fixture(scope="module")
 def cluster():
-    os.environ.update(ray_env())
-    before = set(descendants(os.getpid()))  # earlier tests may leave helpers of their own
-    ray.cloudpickle.register_pickle_by_value(h)
-    ray.init(
-        address="local",
-        num_cpus=2,
-        resources={"litz_slot": 2},  # a custom resource per worker, as the live service may use
-        include_dashboard=False,
-        logging_level="ERROR",
-        log_to_driver=False,
-        _node_ip_address="127.0.0.1",
-    )
-    yield
-    ray.shutdown()
-    deadline = time.monotonic() + 20
-    while set(descendants(os.getpid())) - before and time.monotonic() < deadline:
-        time.sleep(0.2)
-    assert not set(descendants(os.getpid())) - before, "Ray processes left behind"
+    # a custom resource per worker, as the live service may use
+    with h.local_ray(resources={"litz_slot": 2}):
+        yield
 
 
 def test_shard_assignment_is_a_seeded_permutation_split():

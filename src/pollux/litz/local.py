@@ -32,7 +32,7 @@ import pickle
 import time
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Literal
 
 import numpy as np
@@ -46,33 +46,20 @@ from pollux.litz.api import (
     TableSpec,
     TaskResult,
 )
+from pollux.litz.records import RunSummary
 
 Order = Literal["fifo", "random"]
 Reads = Literal["latest", "dispatch"]
 
 
 @dataclass
-class LocalSummary:
-    """What a local run returns: the fields of the Ray runtime's `RunSummary` (resizes, checkpoints and
-    recoveries are always empty or zero here; one "worker", one "shard"), plus `migrations`."""
+class LocalSummary(RunSummary):
+    """What a local run returns: the Ray runtime's `RunSummary` (resizes, checkpoints and recoveries
+    are always empty or zero here; one "worker", one "shard"), plus `migrations`."""
 
-    wall_s: float
-    tasks_completed: int
-    metrics: list[dict[str, Any]]
-    final: dict[str, Any]
-    resizes: list[dict[str, Any]] = field(default_factory=list)
-    checkpoints_saved: int = 0
-    checkpoints_loaded: int = 0
-    recoveries: int = 0
-    cache_hits: int = 0
-    cache_misses: int = 0
-    version: int = 0
     num_workers: int = 1
     num_shards: int = 1
     migrations: int = 0
-
-    def to_dict(self) -> dict[str, Any]:
-        return dict(vars(self))
 
 
 @dataclass
