@@ -83,21 +83,30 @@ def live(iterations: int, task_floor_s: float) -> dict[str, Any]:
             job = jobs[litz]
             history = [a for a in job["allocation_history"] if a["allocation"]]
             delays = [a["applied"] - a["time"] for a in history[1:] if a["applied"] is not None]
-            return {
+            log = client.get(f"/v1/jobs/{litz}/logs").text
+            lines = [ln for ln in log.splitlines() if ln.startswith("{")]
+            out = {
                 "states": {j["name"]: j["state"] for j in jobs.values()},
                 "litz_restarts": job["restarts"],
                 "litz_jct_s": (job["end_time"] or time.time()) - job["submit_time"],
                 "allocations": [{"gpus": sum(a["allocation"].values()), "nodes": sorted(a["allocation"]),
                                  "applied_after_s": None if a["applied"] is None
                                  else a["applied"] - a["time"]} for a in history],
+                "all_applied": all(a["applied"] is not None for a in history),
                 "in_place_resizes": len(delays),
+                "resize_delays_s": delays,
                 "resize_delay_median_s": statistics.median(delays) if delays else None,
                 "resize_delay_max_s": max(delays) if delays else None,
                 "target_resize_delay_s": 5.0,
+                "litz_summary": json.loads(lines[-1]) if lines else None,
                 "ok": job["restarts"] == 0 and bool(delays) and statistics.median(delays) <= 5.0,
             }
         finally:
-            server.stop(state, timeout_s=60)
+            report = server.stop(state, timeout_s=60)
+        out["left_processes"] = sorted(server.cluster_processes(state))
+        out["service_stopped"] = bool(report["was_running"]) and not server.pid_alive(info.service_pid) \
+            and not server.pid_alive(info.rayhost_pid)
+        return out
 
 
 def scripted(iterations: int, task_floor_s: float, t1: float, t2: float) -> dict[str, Any]:

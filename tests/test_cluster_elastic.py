@@ -221,3 +221,26 @@ def test_api_allocation_routes_for_the_jobs_own_token(tmp_path):
             assert httpx.get(f"{url}/v1/jobs/{job.id}/allocation").status_code == 401
             detail = httpx.get(f"{url}/v1/jobs/{job.id}", headers={"Authorization": f"Bearer {ADMIN}"}).json()
             assert detail["allocation_history"][-1]["applied"] is not None
+
+
+def test_the_litz_masters_link_reads_acknowledges_and_reports_valid_hints(tmp_path):
+    """`pollux.litz.service.ServiceLink` against the real API: the hints the master builds pass the
+    service's hints validation, and an unknown version is refused with an error naming the call."""
+    from pollux.litz.service import ServiceError, ServiceLink, litz_hints
+
+    with JobStore(tmp_path / "jobs.db") as store:
+        job = store.submit({"entrypoint": "x.py", "init_batch_size": 1, "kind": "elastic"})
+        store.set_allocation(job.id, {"node-0": 2, "node-1": 1}, now=10.0)
+        with serve_on_loopback(create_app(store, ADMIN)) as url:
+            link = ServiceLink(url, job.id, job.token)
+            now = link.get()
+            assert now.slots() == ["node-0", "node-0", "node-1"] and now.applied == 0
+            assert link.ack(now.version).applied == now.version
+            link.put_hints(litz_hints(num_executors=16, task_s=0.05, workers=3))
+            stored = store.get_hints(job.id)
+            assert stored["init_batch_size"] == 16 and stored["max_replicas_seen"] == 3
+            with pytest.raises(ServiceError, match=r"PUT /v1/jobs/.*/allocation: HTTP 422"):
+                link.ack(now.version + 1000)
+            other = store.submit({"entrypoint": "y.py", "init_batch_size": 1})
+            with pytest.raises(ServiceError, match="HTTP 403"):       # its token is for its own job
+                ServiceLink(url, other.id, job.token).get()

@@ -150,7 +150,7 @@ class Controller:
             logger.info("round %d (%s): %d job(s), %d changed, %.3f s", self.rounds, result.policy,
                         result.num_jobs, len(result.changed), result.duration_s)
 
-    def _account(self, group: Group, now: float) -> None:
+    def account(self, group: Group, now: float) -> None:
         """Add the GPU-seconds the group held since it was last accounted to its job's service.
 
         Done before every round (the policies read attained service) and when the group is asked
@@ -183,7 +183,7 @@ class Controller:
                 self._waiting = {k: w for k, w in self._waiting.items() if k in active}
                 for g in self.groups.values():
                     if not g.stopping:
-                        self._account(g, now)
+                        self.account(g, now)
                 self.run_round(now)
 
     def _reconcile(self, job: JobRecord, now: float) -> None:
@@ -422,7 +422,7 @@ class Controller:
     def request_stop(self, group: Group, reason: str, grace_s: float | None = None) -> None:
         """Ask a run's replicas to exit: SIGTERM (SIGKILL after ``grace_s``), or SIGKILL at once for 0."""
         grace = self.config.stop_grace_s if grace_s is None else grace_s
-        self._account(group, self.clock())
+        self.account(group, self.clock())
         group.stop_reason = reason
         group.stop_deadline = self.monotonic() + grace
         group.stop_requested_at = self.clock()
@@ -452,7 +452,7 @@ class Controller:
             return
         failed = {r: c for r, c in group.exits.items() if c != 0}
         if not running and not failed:
-            self._account(group, now)
+            self.account(group, now)
             self._end(group)
             self.store.transition(job.id, _S.SUCCEEDED, reason="all replicas exited 0", now=now)
             logger.info("job %s: succeeded", job.id)

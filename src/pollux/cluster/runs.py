@@ -146,7 +146,7 @@ class ElasticRunner:
         version, allocation, applied = controller.store.allocation_version(job.id)
         current = {n: int(g) for n, g in allocation.items() if int(g) > 0}
         if applied >= version and current == desired:
-            controller._account(group, now)      # GPU time on the old placement up to now
+            controller.account(group, now)      # GPU time on the old placement up to now
             group.placement = dict(desired)
             group.usage = lch.usage_of(desired, [])
             group.resize_target = group.resize_deadline = None

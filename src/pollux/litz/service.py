@@ -58,53 +58,51 @@ class Allocation:
 
 
 class ServiceLink:
-    """The master's two calls to the service, over HTTP with the job's own token (standard library)."""
+    """The master's calls to the service, over HTTP with the job's own token (standard library)."""
 
     def __init__(self, url: str, job_id: str, token: str | None, timeout_s: float = 5.0) -> None:
         self.url = url.rstrip("/")
-        self.path = ct.ALLOCATION_ENDPOINT.format(job_id=urllib.parse.quote(job_id, safe=""))
+        quoted = urllib.parse.quote(job_id, safe="")
+        self.path = ct.ALLOCATION_ENDPOINT.format(job_id=quoted)
+        self.hints_path = f"/v1/jobs/{quoted}/hints"      # pollux.hints.HINTS_ENDPOINT (not importable here)
         self.token = token
         self.timeout_s = timeout_s
         # Loopback needs no proxy; a proxy from the environment must not see the job's token.
         self._opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
-    def _call(self, method: str, body: Mapping[str, Any] | None = None) -> Allocation:
+    def _request(self, method: str, path: str, body: Mapping[str, Any] | None = None) -> Any:
+        """One call with the job's token; the JSON answer, or ``ServiceError`` naming the call."""
         data = None if body is None else json.dumps(body).encode()
-        req = urllib.request.Request(self.url + self.path, data=data, method=method)
+        req = urllib.request.Request(self.url + path, data=data, method=method)
         if self.token:
             req.add_header("Authorization", f"Bearer {self.token}")
         if data is not None:
             req.add_header("Content-Type", "application/json")
         try:
             with self._opener.open(req, timeout=self.timeout_s) as resp:
-                got = json.loads(resp.read())
+                return json.loads(resp.read())
         except urllib.error.HTTPError as exc:
-            raise ServiceError(f"{method} {self.path}: HTTP {exc.code} {exc.read()[:300]!r}") from exc
+            raise ServiceError(f"{method} {path}: HTTP {exc.code} {exc.read()[:300]!r}") from exc
         except (urllib.error.URLError, OSError, ValueError) as exc:
-            raise ServiceError(f"{method} {self.path}: {exc}") from exc
-        return Allocation(int(got["version"]), {str(k): int(v) for k, v in got["allocation"].items()},
-                          int(got["applied"]), str(got["state"]))
+            raise ServiceError(f"{method} {path}: {exc}") from exc
+
+    def _allocation(self, method: str, body: Mapping[str, Any] | None = None) -> Allocation:
+        got = self._request(method, self.path, body)
+        try:
+            return Allocation(int(got["version"]), {str(k): int(v) for k, v in got["allocation"].items()},
+                              int(got["applied"]), str(got["state"]))
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            raise ServiceError(f"{method} {self.path}: unexpected answer {got!r:.300}") from exc
 
     def get(self) -> Allocation:
-        return self._call("GET")
+        return self._allocation("GET")
 
     def ack(self, version: int) -> Allocation:
-        return self._call("PUT", {"version": int(version)})
+        return self._allocation("PUT", {"version": int(version)})
 
     def put_hints(self, body: Mapping[str, Any]) -> None:
         """``PUT /v1/jobs/{id}/hints`` (the scheduler's model of the job); ``ServiceError`` if refused."""
-        path = self.path.rsplit("/", 1)[0] + "/hints"
-        req = urllib.request.Request(self.url + path, data=json.dumps(body).encode(), method="PUT")
-        req.add_header("Content-Type", "application/json")
-        if self.token:
-            req.add_header("Authorization", f"Bearer {self.token}")
-        try:
-            with self._opener.open(req, timeout=self.timeout_s):
-                pass
-        except urllib.error.HTTPError as exc:
-            raise ServiceError(f"PUT {path}: HTTP {exc.code} {exc.read()[:300]!r}") from exc
-        except (urllib.error.URLError, OSError) as exc:
-            raise ServiceError(f"PUT {path}: {exc}") from exc
+        self._request("PUT", self.hints_path, body)
 
 
 def litz_hints(num_executors: int, task_s: float, workers: int, sync_s: float = 0.002) -> dict[str, Any]:
