@@ -23,7 +23,8 @@ ALLOWED: dict[str, set[str]] = {
     "torch": {"goodput", "hints", "contract"},
     "cluster": {"goodput", "policy", "hints", "contract"},
     "litz": {"contract"},
-    "cli": {"goodput", "policy", "sim", "cluster", "hints", "contract", "litz"},
+    "scar": {"contract", "litz"},
+    "cli": {"goodput", "policy", "sim", "cluster", "hints", "contract", "litz", "scar"},
 }
 #: Third-party packages a part must never import: the service and the core run without torch.
 FORBIDDEN_THIRD_PARTY: dict[str, set[str]] = {
@@ -34,6 +35,7 @@ FORBIDDEN_THIRD_PARTY: dict[str, set[str]] = {
     "sim": {"torch", "ray", "fastapi"},
     "cluster": {"torch"},
     "litz": {"fastapi"},
+    "scar": {"fastapi"},
     "cli": {"torch"},
 }
 MAX_LINES = 600

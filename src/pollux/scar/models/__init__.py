@@ -1,0 +1,1 @@
+"""Models of the rework-cost experiments: pure numpy, every array with a leading trial axis."""
