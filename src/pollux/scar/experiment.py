@@ -254,8 +254,14 @@ def recovery_trials(
 ) -> ReworkResult:
     """Partial or full recovery from traditional checkpoints (everything every interval)."""
     return run_trials(
-        model, strategy="full", fraction=1.0, lost_fraction=lost_fraction, recovery=recovery,
-        trials=trials, seed=seed, layout=layout,
+        model,
+        strategy="full",
+        fraction=1.0,
+        lost_fraction=lost_fraction,
+        recovery=recovery,
+        trials=trials,
+        seed=seed,
+        layout=layout,
     )
 
 
@@ -271,8 +277,14 @@ def checkpoint_trials(
 ) -> ReworkResult:
     """Partial checkpoints of `fraction` of the blocks, `1/fraction` times as often (same bytes)."""
     return run_trials(
-        model, strategy=strategy, fraction=fraction, lost_fraction=lost_fraction,
-        recovery=recovery, trials=trials, seed=seed, layout=layout,
+        model,
+        strategy=strategy,
+        fraction=fraction,
+        lost_fraction=lost_fraction,
+        recovery=recovery,
+        trials=trials,
+        seed=seed,
+        layout=layout,
     )
 
 
