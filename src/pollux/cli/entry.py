@@ -28,6 +28,7 @@ from pollux.cli.errors import EXIT_ERROR, EXIT_INTERRUPTED, CliError
 from pollux.cli.formatting import escape_lines
 from pollux.cli.litz_commands import add_litz_commands
 from pollux.cli.parser import Parser
+from pollux.cli.scar_commands import add_scar_commands
 from pollux.cli.sim_commands import add_sim_commands
 
 
@@ -38,6 +39,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_sim_commands(sub)
     add_cluster_commands(sub)
     add_litz_commands(sub)
+    add_scar_commands(sub)
     return parser
 
 
