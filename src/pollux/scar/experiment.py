@@ -193,6 +193,8 @@ def run_trials(
     selection = SelectionState(rng=np.random.default_rng([seed, 1]))
     cap_steps = int(np.ceil(base.iterations + max_rework_factor * proto.converge_iterations)) + 1
 
+    # A population computes in other BLAS blocks than the one-trial baseline: allow last-bit noise.
+    tolerance = base.threshold + 1e-9 * abs(base.threshold) + 1e-12
     state = model.init_state(trials)
     ckpt = {k: v.copy() for k, v in state.items()}
     blocked = set(lay.rows)
@@ -220,7 +222,7 @@ def run_trials(
         open_ = (reached < 0) & (steps >= fail_at)
         if open_.any():
             loss = model.loss(state)
-            hit = open_ & (loss <= base.threshold)
+            hit = open_ & (loss <= tolerance)
             reached[hit] = steps
         if (reached >= 0).all():
             break
