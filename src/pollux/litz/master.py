@@ -163,7 +163,8 @@ class Master:
         """Create shard actor `index` holding `tables` (on Ray node `node` when given)."""
         opts = _options(self.cfg, node)
         opts.pop("resources", None)  # custom resources count workers only
-        handle = self._shard_cls.options(**opts).remote(index, tables, self.commit_id)
+        ext = getattr(self.cfg.fault_tolerance, "shard_extension", None)
+        handle = self._shard_cls.options(**opts).remote(index, tables, self.commit_id, ext)
         self.shard_node[handle] = node
         return handle
 
@@ -233,6 +234,9 @@ class Master:
         """Send the handled flush keys to every shard as the next commit; do not wait (reads and
         batches sent from now on carry `commit_id`, and the shards hold them until it is applied)."""
         if self.uncommitted:
+            before = getattr(self.cfg.fault_tolerance, "before_commit", None)
+            if before is not None:
+                before(self)  # e.g. SCAR: its copies of rows must be taken before they change
             keys, self.uncommitted = self.uncommitted, []
             self.commit_id += 1
             self.commit_refs += [s.commit.remote(keys, self.commit_id) for s in self.layout.shards]
@@ -248,6 +252,17 @@ class Master:
             self.get(ready)
 
     def ps_read(self, table: str, rows: np.ndarray | None = None) -> np.ndarray:
+        try:
+            return self._ps_read(table, rows)
+        except ActorLost as err:
+            # a shard died under a driver callback: a fault-tolerance controller that can repair the
+            # job in place lets the callback go on (its read retried on the repaired layout)
+            repair = getattr(self.cfg.fault_tolerance, "recover_in_place", None)
+            if repair is None or not repair(self, err):
+                raise
+            return self._ps_read(table, rows)
+
+    def _ps_read(self, table: str, rows: np.ndarray | None = None) -> np.ndarray:
         if table not in self.tables:
             raise LitzError(f"ps_get: no table {table!r}; tables: {sorted(self.tables)}")
         self.commit()
@@ -301,6 +316,8 @@ class Master:
         ready.sort(key=lambda r: self.inflight[r].batch_id)
         done = 0
         for ref in ready:
+            if ref not in self.inflight:
+                continue  # a recovery during this loop took it back (its tasks are queued again)
             self.inflight.pop(ref)
             out = self.get(ref)
             if out["key"] is not None:
@@ -309,8 +326,10 @@ class Master:
             self.summary.cache_hits += int(out["stats"]["hits"])
             self.summary.cache_misses += int(out["stats"]["misses"])
             self.summary.worker_busy_s += out["stats"]["run_s"] + out["stats"]["flush_s"]
-            for task_id, value, error in out["results"]:
-                task = self.tasks.pop(task_id)
+            # taken out of `tasks` first: a recovery run from a driver callback below re-queues
+            # what is still in `tasks`, and these tasks have completed
+            batch = [(self.tasks.pop(task_id), value, error) for task_id, value, error in out["results"]]
+            for task, value, error in batch:
                 if error is not None:
                     raise ApplicationError(f"{self.app.name}: {error}")
                 self.version += 1

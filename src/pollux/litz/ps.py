@@ -77,9 +77,16 @@ class PSShardActor:
     """One PS shard; wrapped with ``ray.remote`` by the master (async actor)."""
 
     def __init__(
-        self, index: int, tables: dict[str, tuple[np.ndarray, np.ndarray]], commit_id: int = 0
+        self,
+        index: int,
+        tables: dict[str, tuple[np.ndarray, np.ndarray]],
+        commit_id: int = 0,
+        extension: Any = None,
     ) -> None:
         self.index = index
+        # a side object of a fault-tolerance controller (RuntimeConfig.fault_tolerance), built from
+        # the shard's starting rows: SCAR keeps its in-memory running checkpoint there
+        self.extension = extension(index, tables) if extension is not None else None
         self.commit_id = commit_id
         self._committed = asyncio.Condition()
         self.state = ShardState(tables)
@@ -229,6 +236,13 @@ class PSShardActor:
     def snapshot(self) -> dict[str, tuple[np.ndarray, np.ndarray]]:
         """Committed rows and values of every table (for checkpoints); staged deltas excluded."""
         return {t: (self.state.rows[t].copy(), self.state.values[t].copy()) for t in self.state.rows}
+
+    async def extension_call(self, method: str, args: tuple[Any, ...] = (), min_commit: int = 0) -> Any:
+        """``extension.<method>(shard state, *args)`` once commit `min_commit` is applied here."""
+        if self.extension is None:
+            raise RuntimeError(f"shard {self.index}: no extension (RuntimeConfig.fault_tolerance)")
+        await self._await_commit(min_commit)
+        return getattr(self.extension, method)(self.state, *args)
 
     def stats(self) -> dict[str, int]:
         return {"forwarded": self.forwarded, "staged_keys": len(self.state.staged)}

@@ -28,6 +28,19 @@ class RuntimeConfig:
         record gets an "error"); `max_recoveries` bounds restores from checkpoints per run; a run in
     which no micro-task completes for `stall_timeout_s` fails (a hang becomes an error). `resume`
     starts from the latest checkpoint in `checkpoint_dir` when there is one (a relaunched job).
+
+    `fault_tolerance` plugs in a fault-tolerance controller (SCAR's, issue 15) without Litz knowing
+    it: an object with ``start(master)`` (after the initial dispatch), ``due(master) -> bool`` (asked
+    in the master loop; True pauses dispatch until no task is in flight, then
+    ``checkpoint(master)`` runs), ``recover(master, error) -> bool`` (an actor was lost; True: it
+    repaired the job and the run goes on, False: the usual checkpoint recovery applies), optionally
+    ``recover_in_place(master, error) -> bool`` (the same, asked when a driver callback's PS read
+    failed: only a repair that leaves the master's state as it is may say True; the read is then
+    retried), optionally ``before_commit(master)`` (called before the master sends a commit, i.e.
+    before any table value changes) and ``close(master)`` (the run ended). Its optional attribute
+    ``shard_extension``, a picklable factory ``(shard index, {table: (rows, values)}) -> object``,
+    gives every PS shard a side object that `PSShardActor.extension_call` invokes with the shard's
+    data (e.g. SCAR's in-memory running checkpoint).
     """
 
     num_executors: int = 4
@@ -46,6 +59,7 @@ class RuntimeConfig:
     stall_timeout_s: float = 600.0
     resume: bool = False
     poll_s: float = 0.05
+    fault_tolerance: Any = None
 
     def __post_init__(self) -> None:
         for name in ("num_executors", "num_workers", "num_shards"):

@@ -30,7 +30,7 @@ from pollux.litz.elastic import advance_resizes, resize_shards, resize_workers
 from pollux.litz.master import ActorLost, Master, PendingTask
 from pollux.litz.records import RunSummary, RuntimeConfig
 
-__all__ = ["LitzRuntime", "RunSummary", "RuntimeConfig"]
+__all__ = ["LitzRuntime", "RunSummary", "RuntimeConfig", "consistent_cut", "restore_cut"]
 
 
 class _CheckpointWriter:
@@ -160,6 +160,7 @@ class LitzRuntime:
         m.on_progress = on_progress
         self._master = m
         writer = _CheckpointWriter(CheckpointStore(cfg.checkpoint_dir), m) if cfg.checkpoint_dir else None
+        ft = cfg.fault_tolerance
         try:
             m.make_shards(cfg.num_shards)
             for i in range(cfg.num_workers):
@@ -173,11 +174,15 @@ class LitzRuntime:
                 m.driver.dispatch_initial_tasks(m.ctx)
                 if writer is not None:
                     self._checkpoint(m, writer)
+            if ft is not None:
+                ft.start(m)
             while True:
                 try:
                     self._loop(m, writer)
                     break
                 except ActorLost as err:
+                    if ft is not None and ft.recover(m, err):
+                        continue  # repaired in place (e.g. SCAR partial recovery)
                     if writer is None:
                         raise LitzError(
                             f"{self.app.name}: an actor was lost and no checkpoint_dir is set: {err}"
@@ -193,6 +198,8 @@ class LitzRuntime:
             try:
                 if writer is not None:
                     writer.close()
+                if ft is not None:
+                    ft.close(m)
             finally:
                 m.stop_actors()
         m.summary.wall_s = time.monotonic() - m.t0
@@ -226,7 +233,7 @@ class LitzRuntime:
 
     def _loop(self, m: Master, writer: _CheckpointWriter | None) -> None:
         cfg = self.config
-        pausing = False
+        pausing = ft_pausing = False
         last_ckpt = last_progress = time.monotonic()
         while True:
             self._handle_requests(m)
@@ -241,8 +248,15 @@ class LitzRuntime:
                 and time.monotonic() - last_ckpt >= cfg.checkpoint_every_s
             ):
                 pausing = True
+            ft = cfg.fault_tolerance
+            if ft is not None and not m.finished and not pausing and ft.due(m):
+                pausing = ft_pausing = True
+            if pausing and ft_pausing and not m.inflight and not m.active_resizes and not m.shard_resizes:
+                ft.checkpoint(m)  # the controller's own cut (see RuntimeConfig)
+                pausing = ft_pausing = False
             if (
                 pausing
+                and not ft_pausing
                 and writer is not None
                 and not m.inflight
                 and not m.active_resizes
@@ -283,33 +297,8 @@ class LitzRuntime:
 
     # ------------------------------------------------------------------ checkpoints
     def _checkpoint(self, m: Master, writer: _CheckpointWriter) -> None:
-        """A consistent cut: no task in flight, updates committed, states and tables collected;
-        written to disk by the writer thread while the job goes on."""
-        from pollux.litz.checkpoint import LitzCheckpoint
-
-        m.commit()
-        states: dict[int, Any] = {}
-        for part in m.get([w.collect_states.remote() for w in m.workers.values()]):
-            states.update(part)
-        buffered: dict[int, list[Any]] = {}
-        for t in m.pending:
-            buffered.setdefault(t.executor_id, []).append((t.task_id, t.args, t.version))
-        cp = LitzCheckpoint(
-            step=writer.next_step,
-            driver_state=copy.deepcopy(m.driver.state_dict()),  # the driver goes on mutating it
-            buffered_tasks=copy.deepcopy(buffered),
-            executor_states={e: st for e, (st, _) in states.items()},
-            tables=m.ps_tables(),
-            meta={
-                "version": m.version,
-                "next_task_id": m.next_task_id,
-                "tasks_completed": m.summary.tasks_completed,
-                "metrics": len(m.summary.metrics),
-                "seqs": {e: q for e, (_, q) in states.items()},
-                "pending_order": [t.task_id for t in m.pending],
-            },
-        )
-        writer.submit(cp)
+        """A consistent cut, written to disk by the writer thread while the job goes on."""
+        writer.submit(consistent_cut(m, writer.next_step))
 
     def _recover(self, m: Master, writer: _CheckpointWriter) -> None:
         """Rebuild every actor from the latest checkpoint and put the master back to that cut."""
@@ -319,33 +308,67 @@ class LitzRuntime:
             raise LitzError(
                 f"{self.app.name}: an actor was lost and {self.config.checkpoint_dir} holds no checkpoint"
             )
-        resizing = list(m.active_resizes)
-        shards = len(m.layout.shards)
-        nodes = [
-            m.worker_node.get(w) for w in sorted(m.workers) if not any(w in r["leaving"] for r in resizing)
-        ]
-        m.stop_actors()
-        m.active_resizes.clear()
-        m._reset_run_state()
-        m.driver.load_state_dict(cp.driver_state)
-        m.version = int(cp.meta["version"])
-        m.next_task_id = int(cp.meta["next_task_id"])
-        m.summary.tasks_completed = int(cp.meta["tasks_completed"])
-        del m.summary.metrics[int(cp.meta["metrics"]) :]
-        tasks = {
-            tid: PendingTask(tid, e, args, v)
-            for e, items in cp.buffered_tasks.items()
-            for tid, args, v in items
-        }
-        m.pending = [tasks[tid] for tid in cp.meta["pending_order"]]
-        m.make_shards(max(1, shards), values=cp.tables)
-        m.workers.clear()
-        m.exec_worker.clear()
-        for node in nodes or [m.default_node(0)]:
-            m.make_worker(node)
-        seqs = cp.meta["seqs"]
-        m.place_executors(
-            {e: (cp.executor_states.get(e), int(seqs.get(e, 0))) for e in range(self.config.num_executors)}
-        )
-        m.summary.checkpoints_loaded += 1
-        m.summary.recoveries += 1
+        restore_cut(m, cp)
+
+
+def consistent_cut(m: Master, step: int) -> Any:
+    """A `LitzCheckpoint` of the job as it stands (call with no task in flight): updates committed,
+    executor states and tables collected. Also how a fault-tolerance controller takes a full cut."""
+    from pollux.litz.checkpoint import LitzCheckpoint
+
+    m.commit()
+    states: dict[int, Any] = {}
+    for part in m.get([w.collect_states.remote() for w in m.workers.values()]):
+        states.update(part)
+    buffered: dict[int, list[Any]] = {}
+    for t in m.pending:
+        buffered.setdefault(t.executor_id, []).append((t.task_id, t.args, t.version))
+    return LitzCheckpoint(
+        step=step,
+        driver_state=copy.deepcopy(m.driver.state_dict()),  # the driver goes on mutating it
+        buffered_tasks=copy.deepcopy(buffered),
+        executor_states={e: st for e, (st, _) in states.items()},
+        tables=m.ps_tables(),
+        meta={
+            "version": m.version,
+            "next_task_id": m.next_task_id,
+            "tasks_completed": m.summary.tasks_completed,
+            "metrics": len(m.summary.metrics),
+            "seqs": {e: q for e, (_, q) in states.items()},
+            "pending_order": [t.task_id for t in m.pending],
+        },
+    )
+
+
+def restore_cut(m: Master, cp: Any) -> None:
+    """Rebuild every actor from the cut `cp` and put the master back to it (a global restart)."""
+    resizing = list(m.active_resizes)
+    shards = len(m.layout.shards)
+    nodes = [
+        m.worker_node.get(w) for w in sorted(m.workers) if not any(w in r["leaving"] for r in resizing)
+    ]
+    m.stop_actors()
+    m.active_resizes.clear()
+    m._reset_run_state()
+    m.driver.load_state_dict(cp.driver_state)
+    m.version = int(cp.meta["version"])
+    m.next_task_id = int(cp.meta["next_task_id"])
+    m.summary.tasks_completed = int(cp.meta["tasks_completed"])
+    del m.summary.metrics[int(cp.meta["metrics"]) :]
+    tasks = {
+        tid: PendingTask(tid, e, args, v)
+        for e, items in cp.buffered_tasks.items()
+        for tid, args, v in items
+    }
+    m.pending = [tasks[tid] for tid in cp.meta["pending_order"]]
+    m.make_shards(max(1, shards), values=cp.tables)
+    m.workers.clear()
+    m.exec_worker.clear()
+    for node in nodes or [m.default_node(0)]:
+        m.make_worker(node)
+    seqs = cp.meta["seqs"]
+    m.place_executors(
+        {e: (cp.executor_states.get(e), int(seqs.get(e, 0))) for e in range(m.cfg.num_executors)}
+    )
+    m.summary.checkpoints_loaded += 1
+    m.summary.recoveries += 1

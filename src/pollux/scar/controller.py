@@ -1,0 +1,398 @@
+"""SCAR's fault-tolerance controller for Litz jobs (thesis §5.4.3, Fig. 5.4).
+
+    ctl = ScarController(ScarConfig(directory="ckpt", strategy="priority", fraction=1/8,
+                                    every_tasks=tasks_per_epoch, recovery="partial"))
+    summary = LitzRuntime(app, RuntimeConfig(num_shards=4, fault_tolerance=ctl)).run()
+
+It plugs into the runtime through `RuntimeConfig.fault_tolerance` (Litz does not import SCAR) and
+plays both coordinators of the thesis's architecture; the failure detector is Ray's (a call to a dead
+shard fails, the runtime hands the error here).
+
+**Checkpoint coordinator** (every `every_tasks` completed micro-tasks; the runtime pauses dispatch
+and lets in-flight tasks drain, so the tables do not move under it): (1) every shard computes the L2
+distance of each of its rows from its in-memory running copy (`pollux.scar.running.RunningCopy`,
+the shard's extension object); (2) the distances come here; (3) `select_blocks` — the same top-r
+selection as the rework experiments — picks the blocks (rows of every table) to save; (4) every
+shard copies its selected rows into its running copy and returns them; a collector thread hands
+them to the store's writer thread (`pollux.scar.store.RunningStore`, each save committed
+atomically). Training resumes once the copy requests are sent, not answered: in Litz a row changes
+only at a commit, and `before_commit` holds the next commit until every copy is taken, which is
+the thesis's "resume once the in-memory copies are updated" without a second wait in the pause
+(Ray does not order an async actor's calls, so that hold is needed for exactness). The pause is one
+parallel round trip to the shards plus the selection; `CheckpointRecord` keeps both parts.
+
+**Recovery coordinator** (a PS shard died): partial recovery (`recovery="partial"`) settles what
+was in flight (the micro-tasks sent and not completed are queued again, in their order; their
+staged updates are never committed), finds the dead shards, and starts a replacement for each that
+holds its rows reloaded from the running checkpoint on disk — only the lost rows are read (the store
+keeps row groups = shards in their own files) — and a fresh running copy of them. Every other row
+keeps its current value; the driver, the executors and the workers go on; no global restart. Full
+recovery (`recovery="full"`, the traditional baseline) restores *every* row from the checkpoint and
+puts the whole job back to the cut of the last checkpoint (driver, queued tasks, executor states;
+kept in memory, as the master survives a shard loss), like Litz's own checkpoint recovery.
+
+What it does not do: follow PS shard migrations (an elastic PS resize invalidates the running
+copies), recover a lost worker (that is Litz's own checkpoint recovery, which still applies), or
+restore executor state touched by a replayed task (MLR's executors have none).
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import ray
+from ray.exceptions import GetTimeoutError, RayError
+
+from pollux.litz.master import PendingTask
+from pollux.litz.records import Layout
+from pollux.litz.runtime import consistent_cut, restore_cut
+from pollux.scar.api import STRATEGIES, ScarError, SelectionState, select_blocks
+from pollux.scar.running import RunningCopy
+from pollux.scar.store import RunningStore, TableInfo
+
+__all__ = ["CheckpointRecord", "RecoveryRecord", "ScarConfig", "ScarController"]
+
+
+@dataclass(frozen=True)
+class ScarConfig:
+    """Settings of the controller.
+
+    `every_tasks`: checkpoint period in completed micro-tasks (an epoch of MLR is
+    ``ceil(n / batch_size)`` tasks). `strategy`/`fraction`: which blocks a checkpoint saves
+    (`pollux.scar.api.select_blocks`). `recovery`: "partial" or "full". `inspect` keeps the tables
+    and distances in the records (tests). `detect_timeout_s` bounds the wait for in-flight work and
+    for each shard's liveness answer during a recovery.
+    """
+
+    directory: str
+    strategy: str = "priority"
+    fraction: float = 1 / 8
+    every_tasks: int = 100
+    recovery: str = "partial"
+    seed: int = 0
+    compact_every: int = 1
+    inspect: bool = False
+    detect_timeout_s: float = 10.0
+
+    def __post_init__(self) -> None:
+        if self.strategy not in STRATEGIES:
+            raise ScarError(
+                f"ScarConfig.strategy: expected one of {', '.join(STRATEGIES)}, got {self.strategy!r}"
+            )
+        if not 0.0 < self.fraction <= 1.0:
+            raise ScarError(f"ScarConfig.fraction: must be in (0, 1], got {self.fraction}")
+        if self.every_tasks < 1:
+            raise ScarError(f"ScarConfig.every_tasks: must be >= 1, got {self.every_tasks}")
+        if self.recovery not in ("partial", "full"):
+            raise ScarError(f"ScarConfig.recovery: expected 'partial' or 'full', got {self.recovery!r}")
+
+
+@dataclass
+class CheckpointRecord:
+    """One checkpoint: when (seconds since the run started, completed tasks), how long training was
+    paused for it (`pause_s`: distances, selection, sending the updates; plus `commit_wait_s`, any
+    wait at the next commit for the shards' copies), rows selected."""
+
+    t: float
+    tasks_completed: int
+    pause_s: float
+    rows_saved: int
+    commit_wait_s: float = 0.0  # training held at the next commit until the copies were taken
+    distances: dict[str, np.ndarray] | None = None  # inspect only: global distance per row
+    chosen: dict[str, np.ndarray] | None = None  # inspect only: the rows saved
+    tables: dict[str, np.ndarray] | None = None  # inspect only: the tables at the checkpoint
+
+
+@dataclass
+class RecoveryRecord:
+    """One recovery: the shards lost, rows reloaded and bytes read (vs a full checkpoint's),
+    tasks completed before and after (a full recovery goes back), tasks queued again."""
+
+    t: float
+    kind: str
+    dead_shards: list[int]
+    rows_lost: int
+    bytes_read: int
+    full_bytes: int
+    duration_s: float
+    tasks_before: int
+    tasks_after: int
+    requeued: int
+    restored: dict[str, np.ndarray] | None = None  # inspect: {table: lost rows}
+    tables_after: dict[str, np.ndarray] | None = None  # inspect: the tables right after recovery
+
+
+@dataclass
+class _Cut:
+    """The non-table part of the last full checkpoint (for full recovery)."""
+
+    cp: Any = None
+    tasks_completed: int = 0
+
+
+class ScarController:
+    """The fault-tolerance object handed to `RuntimeConfig.fault_tolerance` (one per run)."""
+
+    #: every PS shard gets one (see `pollux.litz.records.RuntimeConfig`)
+    shard_extension = RunningCopy
+
+    def __init__(self, config: ScarConfig) -> None:
+        self.config = config
+        self.selection = SelectionState(rng=np.random.default_rng(config.seed))
+        self.checkpoints: list[CheckpointRecord] = []
+        self.recoveries: list[RecoveryRecord] = []
+        self.store: RunningStore | None = None
+        self.next_due = config.every_tasks
+        self._cut = _Cut()
+        self._order: list[str] = []
+        self._collector = ThreadPoolExecutor(max_workers=1, thread_name_prefix="scar-collect")
+        self._collected: list[Future[None]] = []
+        self._unapplied: list[Any] = []  # update calls of the last checkpoint, maybe not run yet
+        self.lost_saves = 0  # shard copies that never came back (the shard died first)
+
+    # ------------------------------------------------------------------ runtime hooks
+    def start(self, m: Any) -> None:
+        """Open the store and save the starting parameters: the running checkpoint's first state."""
+        Path(self.config.directory).mkdir(parents=True, exist_ok=True)
+        self._order = sorted(m.tables)
+        infos = {
+            t: TableInfo(tuple(m.tables[t].shape), m.tables[t].dtype, np.asarray(m.layout.owners[t]))
+            for t in self._order
+        }
+        self.store = RunningStore(self.config.directory, infos, self.config.compact_every)
+        self.next_due = m.summary.tasks_completed + self.config.every_tasks
+        self._checkpoint(m, initial=True)
+
+    def before_commit(self, m: Any) -> None:
+        """Wait until the last checkpoint's copies are taken (Ray does not order an async actor's
+        calls, so the commit could otherwise overtake them); the wait counts as overhead."""
+        if self._unapplied:
+            t0 = time.perf_counter()
+            refs, self._unapplied = self._unapplied, []
+            ray.wait(refs, num_returns=len(refs))  # a dead shard's ref is ready too (with an error)
+            if self.checkpoints:
+                self.checkpoints[-1].commit_wait_s += time.perf_counter() - t0
+
+    def due(self, m: Any) -> bool:
+        return bool(m.summary.tasks_completed >= self.next_due)
+
+    def checkpoint(self, m: Any) -> None:
+        self._checkpoint(m, initial=False)
+        while self.next_due <= m.summary.tasks_completed:
+            self.next_due += self.config.every_tasks
+
+    def close(self, m: Any) -> None:
+        try:
+            if self.store is not None:
+                self._drain()
+                self.store.close()
+        finally:
+            self._collector.shutdown(wait=True)
+
+    def recover_in_place(self, m: Any, err: BaseException) -> bool:
+        """A shard died under a driver callback: repair only if the master need not go back (a full
+        recovery rewinds the driver, so it waits until the callback has unwound)."""
+        return self.config.recovery == "partial" and self.recover(m, err)
+
+    def recover(self, m: Any, err: BaseException) -> bool:
+        if self.store is None:
+            return False
+        if self.config.recovery == "full":
+            return self._recover_full(m)
+        return self._recover_partial(m)
+
+    # ------------------------------------------------------------------ checkpoints
+    def _checkpoint(self, m: Any, initial: bool) -> None:
+        assert self.store is not None
+        t0 = time.perf_counter()
+        cfg = self.config
+        m.commit()
+        shards = list(m.layout.shards)
+        replies = m.get([s.extension_call.remote("distances", (), m.commit_id) for s in shards])
+        dist = {t: np.zeros(m.tables[t].shape[0]) for t in self._order}
+        for reply in replies:
+            for t, (rows, d) in reply.items():
+                dist[t][rows] = d
+        flat = np.concatenate([dist[t] for t in self._order])
+        strategy, fraction = ("full", 1.0) if initial else (cfg.strategy, cfg.fraction)
+        mask = select_blocks(flat, fraction, strategy, self.selection)
+        chosen: dict[str, np.ndarray] = {}
+        start = 0
+        for t in self._order:
+            n = m.tables[t].shape[0]
+            chosen[t] = np.flatnonzero(mask[start : start + n])
+            start += n
+        per_shard = [
+            {t: rows[m.layout.owners[t][rows] == k] for t, rows in chosen.items()} for k in range(len(shards))
+        ]
+        refs = [s.extension_call.remote("update", (per_shard[k],), m.commit_id) for k, s in enumerate(shards)]
+        if initial:
+            self._persist(refs)  # the starting state: recovery needs every row on disk
+        else:
+            # Training resumes now: tasks read and stage, but no row changes before the next
+            # commit, and `before_commit` holds that commit until every shard has taken its copy
+            # (usually long done by then). A collector thread waits for the copies and queues
+            # them on the store's writer.
+            self._unapplied = refs
+            self._collected.append(self._collector.submit(self._persist, refs))
+        if cfg.recovery == "full":
+            cut = consistent_cut(m, len(self.checkpoints))
+            cut.tables = {}  # the tables come back from the store at recovery
+            self._cut = _Cut(cut, m.summary.tasks_completed)
+        pause = time.perf_counter() - t0
+        self.checkpoints.append(
+            CheckpointRecord(
+                t=time.monotonic() - m.t0,
+                tasks_completed=m.summary.tasks_completed,
+                pause_s=pause,
+                rows_saved=int(mask.sum()),
+                distances=dist if cfg.inspect else None,
+                chosen=chosen if cfg.inspect else None,
+                tables=m.ps_tables() if cfg.inspect else None,
+            )
+        )
+
+    def _persist(self, refs: list[Any]) -> None:
+        """Wait for the shards' copies of the selected rows and queue them on the store (a shard
+        that died before answering contributes nothing; its rows come back from older saves)."""
+        assert self.store is not None
+        parts = []
+        for ref in refs:
+            try:
+                parts.append(ray.get(ref))
+            except RayError:
+                self.lost_saves += 1
+        merged = {
+            t: (np.concatenate([p[t][0] for p in parts]), np.concatenate([p[t][1] for p in parts]))
+            for t in self._order
+            if parts
+        }
+        if merged:
+            self.store.save_async(merged)
+
+    def _drain(self) -> None:
+        """Every checkpoint taken so far queued on the store, and the store flushed."""
+        done, self._collected = self._collected, []
+        for f in done:
+            f.result()
+        assert self.store is not None
+        self.store.flush()
+
+    # ------------------------------------------------------------------ recovery
+    def _settle(self, m: Any) -> int:
+        """Wait for in-flight batches (they may have failed), queue their tasks again, drop commits
+        that cannot complete. Returns the number of tasks queued again."""
+        timeout = self.config.detect_timeout_s
+        refs = list(m.inflight)
+        if refs:
+            ray.wait(refs, num_returns=len(refs), timeout=timeout)
+        again = [PendingTask(t.task_id, t.executor_id, t.args, t.version) for t in m.tasks.values()]
+        again.sort(key=lambda t: t.task_id)
+        m.pending = again + list(m.pending)
+        m.tasks.clear()
+        m.inflight.clear()
+        if m.commit_refs:
+            ray.wait(m.commit_refs, num_returns=len(m.commit_refs), timeout=timeout)
+            m.commit_refs = []
+        return len(again)
+
+    def _dead_shards(self, m: Any) -> list[int]:
+        dead = []
+        for k, s in enumerate(m.layout.shards):
+            try:
+                ray.get(s.ping.remote(), timeout=self.config.detect_timeout_s)
+            except (RayError, GetTimeoutError):
+                dead.append(k)
+        return dead
+
+    def _recover_partial(self, m: Any) -> bool:
+        assert self.store is not None
+        t0 = time.perf_counter()
+        before = m.summary.tasks_completed
+        requeued = self._settle(m)
+        dead = self._dead_shards(m)
+        if not dead:
+            return False  # a worker died: Litz's own recovery (if configured) applies
+        self._drain()
+        lost = {t: np.flatnonzero(np.isin(m.layout.owners[t], dead)) for t in self._order}
+        res = self.store.load(lost)
+        for t in self._order:
+            if not np.array_equal(res.rows[t], lost[t]):
+                raise ScarError(f"running checkpoint {self.config.directory}: table {t!r} lacks lost rows")
+        shards = list(m.layout.shards)
+        for k in dead:
+            tables = {}
+            for t in self._order:
+                rows = np.flatnonzero(m.layout.owners[t] == k)
+                vals = res.values[t][np.searchsorted(res.rows[t], rows)]
+                tables[t] = (rows, vals.astype(m.tables[t].dtype))
+            ray.kill(shards[k], no_restart=True)
+            shards[k] = m.make_shard(k, tables, m.default_node(k))
+        m.layout = Layout(m.layout.layout_id + 1, m.layout.owners, shards)
+        m.shard_pids = m.get([s.pid.remote() for s in shards])
+        m.summary.recoveries += 1
+        m.summary.checkpoints_loaded += 1
+        self.recoveries.append(
+            RecoveryRecord(
+                t=time.monotonic() - m.t0,
+                kind="partial",
+                dead_shards=dead,
+                rows_lost=int(sum(r.size for r in lost.values())),
+                bytes_read=res.bytes_read,
+                full_bytes=self.store.full_bytes(),
+                duration_s=time.perf_counter() - t0,
+                tasks_before=before,
+                tasks_after=m.summary.tasks_completed,
+                requeued=requeued,
+                restored=lost if self.config.inspect else None,
+                tables_after=m.ps_tables() if self.config.inspect else None,
+            )
+        )
+        return True
+
+    def _recover_full(self, m: Any) -> bool:
+        assert self.store is not None
+        if self._cut.cp is None:
+            return False
+        t0 = time.perf_counter()
+        before = m.summary.tasks_completed
+        self._drain()
+        res = self.store.load()
+        cp = copy.deepcopy(self._cut.cp)
+        cp.tables = {}
+        for t in self._order:
+            if res.rows[t].size != m.tables[t].shape[0]:
+                raise ScarError(f"running checkpoint {self.config.directory}: table {t!r} is incomplete")
+            cp.tables[t] = res.values[t].astype(m.tables[t].dtype)
+        restore_cut(m, cp)  # every actor rebuilt, the master back at the cut
+        self.next_due = m.summary.tasks_completed + self.config.every_tasks
+        self.recoveries.append(
+            RecoveryRecord(
+                t=time.monotonic() - m.t0,
+                kind="full",
+                dead_shards=[],
+                rows_lost=int(sum(m.tables[t].shape[0] for t in self._order)),
+                bytes_read=res.bytes_read,
+                full_bytes=self.store.full_bytes(),
+                duration_s=time.perf_counter() - t0,
+                tasks_before=before,
+                tasks_after=m.summary.tasks_completed,
+                requeued=0,
+                tables_after=m.ps_tables() if self.config.inspect else None,
+            )
+        )
+        return True
+
+    def report(self) -> dict[str, Any]:
+        """Records without the inspect arrays (JSON-friendly)."""
+        drop = {"distances", "chosen", "tables", "restored", "tables_after"}
+        return {
+            "checkpoints": [{k: v for k, v in asdict(c).items() if k not in drop} for c in self.checkpoints],
+            "recoveries": [{k: v for k, v in asdict(r).items() if k not in drop} for r in self.recoveries],
+        }
