@@ -9,10 +9,12 @@ plays both coordinators of the thesis's architecture; the failure detector is Ra
 shard fails, the runtime hands the error here).
 
 **Checkpoint coordinator** (every `every_tasks` completed micro-tasks; the runtime pauses dispatch
-and lets in-flight tasks drain, so the tables do not move under it): (1) every shard computes the L2
+and lets in-flight tasks drain, so the tables do not move under it): (1) every shard computes the
 distance of each of its rows from its in-memory running copy (`pollux.scar.running.RunningCopy`,
-the shard's extension object); (2) the distances come here; (3) `select_blocks` — the same top-r
-selection as the rework experiments — picks the blocks (rows of every table) to save; (4) every
+the shard's extension object) — L2 by default, or per table (`ScarConfig.distances`) the total
+variation of the row distributions scaled by the row's length, for count rows such as LDA's;
+(2) the distances come here; (3) `select_blocks` — the same top-r selection as the rework
+experiments — picks the blocks (rows of every table) to save; (4) every
 shard copies its selected rows into its running copy and returns them; a collector thread hands
 them to the store's writer thread (`pollux.scar.store.RunningStore`, each save committed
 atomically). Training resumes once the copy requests are sent, not answered: in Litz a row changes
@@ -40,8 +42,9 @@ from __future__ import annotations
 
 import copy
 import time
+from collections.abc import Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -53,7 +56,7 @@ from pollux.litz.master import PendingTask
 from pollux.litz.records import Layout
 from pollux.litz.runtime import consistent_cut, restore_cut
 from pollux.scar.api import STRATEGIES, ScarError, SelectionState, select_blocks
-from pollux.scar.running import RunningCopy
+from pollux.scar.running import DISTANCES, RunningCopy
 from pollux.scar.store import RunningStore, TableInfo
 
 __all__ = ["CheckpointRecord", "RecoveryRecord", "ScarConfig", "ScarController"]
@@ -67,7 +70,15 @@ class ScarConfig:
     ``ceil(n / batch_size)`` tasks). `strategy`/`fraction`: which blocks a checkpoint saves
     (`pollux.scar.api.select_blocks`). `recovery`: "partial" or "full". `inspect` keeps the tables
     and distances in the records (tests). `detect_timeout_s` bounds the wait for in-flight work and
-    for each shard's liveness answer during a recovery.
+    for each shard's liveness answer during a recovery. `distances` maps a table name to its row
+    distance, "l2" (the default for tables not named) or "tv" (`pollux.scar.running.row_distances`:
+    total variation × row length, for count rows — LDA's word-topic or document-topic counts).
+    Every table's distances go into one top-r selection, so a table's distances should be in
+    units comparable to the others' (for LDA both count changes, in tokens). `full_first`: the
+    first so many periodic checkpoints save every row — for applications whose tables start empty
+    and are filled by their first tasks (LDA's counts are zero until the init tasks have added the
+    random assignments): without it the running checkpoint starts from the empty tables, and a
+    lost row that no checkpoint has chosen yet would come back empty.
     """
 
     directory: str
@@ -79,6 +90,8 @@ class ScarConfig:
     compact_every: int = 1
     inspect: bool = False
     detect_timeout_s: float = 10.0
+    distances: Mapping[str, str] = field(default_factory=dict)
+    full_first: int = 0
 
     def __post_init__(self) -> None:
         if self.strategy not in STRATEGIES:
@@ -91,6 +104,13 @@ class ScarConfig:
             raise ScarError(f"ScarConfig.every_tasks: must be >= 1, got {self.every_tasks}")
         if self.recovery not in ("partial", "full"):
             raise ScarError(f"ScarConfig.recovery: expected 'partial' or 'full', got {self.recovery!r}")
+        if self.full_first < 0:
+            raise ScarError(f"ScarConfig.full_first: must be >= 0, got {self.full_first}")
+        for table, kind in dict(self.distances).items():
+            if kind not in DISTANCES:
+                raise ScarError(
+                    f"ScarConfig.distances[{table!r}]: expected one of {', '.join(DISTANCES)}, got {kind!r}"
+                )
 
 
 @dataclass
@@ -151,6 +171,7 @@ class ScarController:
         self.next_due = config.every_tasks
         self._cut = _Cut()
         self._order: list[str] = []
+        self._kinds: dict[str, str] = {}  # table -> row distance, sent with each distances call
         self._collector = ThreadPoolExecutor(max_workers=1, thread_name_prefix="scar-collect")
         self._collected: list[Future[None]] = []
         self._unapplied: list[Any] = []  # update calls of the last checkpoint, maybe not run yet
@@ -159,6 +180,13 @@ class ScarController:
     # ------------------------------------------------------------------ runtime hooks
     def start(self, m: Any) -> None:
         """Open the store and save the starting parameters: the running checkpoint's first state."""
+        unknown = sorted(set(self.config.distances) - set(m.tables))
+        if unknown:
+            raise ScarError(
+                f"ScarConfig.distances: no table {', '.join(map(repr, unknown))} in this application "
+                f"(tables: {', '.join(sorted(m.tables))})"
+            )
+        self._kinds = {t: self.config.distances.get(t, "l2") for t in sorted(m.tables)}
         Path(self.config.directory).mkdir(parents=True, exist_ok=True)
         self._order = sorted(m.tables)
         infos = {
@@ -214,13 +242,14 @@ class ScarController:
         cfg = self.config
         m.commit()
         shards = list(m.layout.shards)
-        replies = m.get([s.extension_call.remote("distances", (), m.commit_id) for s in shards])
+        replies = m.get([s.extension_call.remote("distances", (self._kinds,), m.commit_id) for s in shards])
         dist = {t: np.zeros(m.tables[t].shape[0]) for t in self._order}
         for reply in replies:
             for t, (rows, d) in reply.items():
                 dist[t][rows] = d
         flat = np.concatenate([dist[t] for t in self._order])
-        strategy, fraction = ("full", 1.0) if initial else (cfg.strategy, cfg.fraction)
+        full = initial or len(self.checkpoints) <= cfg.full_first  # checkpoints[0] is the initial
+        strategy, fraction = ("full", 1.0) if full else (cfg.strategy, cfg.fraction)
         mask = select_blocks(flat, fraction, strategy, self.selection)
         chosen: dict[str, np.ndarray] = {}
         start = 0
