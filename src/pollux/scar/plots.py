@@ -22,7 +22,7 @@ FRACTION_KEYS = ("1", "1/2", "1/4", "1/8")
 def _grid(n: int) -> tuple[Any, list[Any]]:
     from matplotlib.figure import Figure
 
-    cols = min(n, 3)
+    cols = 2 if n == 4 else min(n, 3)
     rows = (n + cols - 1) // cols
     fig = Figure(figsize=(4.2 * cols, 3.4 * rows), dpi=110)
     axes = [fig.add_subplot(rows, cols, i + 1) for i in range(n)]
