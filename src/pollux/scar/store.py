@@ -45,6 +45,7 @@ from pathlib import Path
 
 import numpy as np
 
+from pollux.litz.checkpoint_tables import fsync_path
 from pollux.scar.api import ScarError
 
 __all__ = ["LoadResult", "RunningStore", "TableInfo"]
@@ -80,14 +81,6 @@ class LoadResult:
     bytes_read: int = 0
     meta_bytes_read: int = 0
     files_read: int = 0
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def _write(path: Path, data: bytes) -> None:
@@ -219,9 +212,9 @@ class RunningStore:
                 )
         manifest = {"format": FORMAT, "seq": seq, "files": files}
         _write(tmp / MANIFEST, json.dumps(manifest).encode())
-        _fsync_dir(tmp)
+        fsync_path(tmp)
         os.rename(tmp, self.directory / name)  # the commit
-        _fsync_dir(self.directory)
+        fsync_path(self.directory)
 
     def _compact(self, seq: int) -> None:
         """Fold the base and the deltas up to `seq` into a new base, then drop what it covers."""
@@ -234,7 +227,7 @@ class RunningStore:
                 trash = self.directory / f".trash-{src.name}-{uuid.uuid4().hex[:8]}"
                 os.rename(src, trash)
                 shutil.rmtree(trash, ignore_errors=True)
-        _fsync_dir(self.directory)
+        fsync_path(self.directory)
 
     # ------------------------------------------------------------------ loading
     def load(self, rows: Mapping[str, np.ndarray] | None = None, upto: int | None = None) -> LoadResult:
