@@ -76,6 +76,49 @@ def test_shard_state_commits_only_staged_keys_in_order():
     assert st.rows["t"].tolist() == [2, 7]
 
 
+def test_mirror_follows_the_shards_bit_for_bit_until_it_cannot():
+    from pollux.litz.mirror import TableMirror
+    from pollux.litz.ps import ShardState
+    from pollux.litz.records import TableMeta
+
+    rng = np.random.default_rng(0)
+    meta = {"t": TableMeta("t", (6, 3), "float64"), "big": TableMeta("big", (1000, 100), "float64")}
+    start = {"t": rng.normal(size=(6, 3)), "big": np.zeros((1000, 100))}
+    mirror = TableMirror(meta, limit_bytes=1024)
+    assert mirror.eligible == {"t"}  # 6 x 3 x 8 bytes; big is 800 kB
+    mirror.reset(1, start)
+    shard = ShardState({"t": (np.arange(6), start["t"])})
+    for c in range(5):
+        keys = [(0, c), (1, c)]
+        inline = {}
+        for k in keys:
+            rows = np.sort(rng.choice(6, size=3, replace=False))
+            inline[k] = {"t": (rows, rng.normal(size=(3, 3)) * 1e-3)}
+            shard.staged[k] = [("t", *inline[k]["t"])]
+        held = mirror.current(1, ["t"])["t"]
+        mirror.apply(keys, inline)
+        shard.commit(keys)
+        assert np.array_equal(mirror.current(1, ["t", "big"])["t"], shard.values["t"])
+    assert not np.array_equal(held, mirror.values["t"])  # a batch sent earlier keeps its copy
+    mirror.relabel(1, 2)  # a migration moves rows, not values
+    assert "t" in mirror.current(2, ["t"])
+    assert mirror.current(3, ["t"]) == {}  # another layout (a rebuilt shard): nothing is pushed
+    mirror.set(3, "t", shard.values["t"])  # the driver's full read mirrors it again
+    mirror.drop(["t"])  # an update staged at the shards
+    assert mirror.current(3, ["t"]) == {}
+
+
+def test_cache_keeps_rows_of_a_later_version():
+    from pollux.litz.cache import ParamCache
+    from pollux.litz.records import TableMeta
+
+    cache = ParamCache({"t": TableMeta("t", (3,), "float64")})
+    cache.fill("t", np.arange(3), np.full(3, 9.0), version=9)  # a pushed table
+    cache.fill("t", np.array([0, 2]), np.zeros(2), version=4)  # a slower, older fetch lands later
+    np.testing.assert_array_equal(cache.read("t", None), [9.0, 9.0, 9.0])
+    assert cache.stale_rows("t", None, 9).size == 0
+
+
 def test_one_executor_equals_numpy(cluster):
     app = h.lsq_app(iterations=8)
     cfg = h.config(num_executors=1, num_workers=1, num_shards=2, worker_resources={"litz_slot": 1})
@@ -105,11 +148,17 @@ def test_staleness_gets_cache_hits_and_converges(cluster):
     assert summary.final["objective"] < 2 * ref[-1] + 1e-3
 
 
-def test_dependency_guarantee(cluster):
+@pytest.mark.parametrize(
+    "hops",
+    [{}, {"push_table_bytes": 0}, {"inline_update_bytes": 0}],
+    ids=["inline+push", "inline", "staged"],
+)
+def test_dependency_guarantee(cluster, hops):
     # each task is dispatched after the previous one's completion, alternating workers: it must
-    # read every earlier update although its worker may hold an older cached value
+    # read every earlier update although its worker may hold an older cached value — whether the
+    # update came back inline or was staged, and whether the table came with the batch or not
     node = ray.get_runtime_context().get_node_id()  # placement by node affinity, as the service does
-    cfg = h.config(num_executors=4, num_workers=2, num_shards=2, node_ids=[node])
+    cfg = h.config(num_executors=4, num_workers=2, num_shards=2, node_ids=[node], **hops)
     summary = LitzRuntime(h.chain_app(12), cfg).run()
     assert summary.final["seen"] == [float(i) for i in range(12)]
 

@@ -38,9 +38,14 @@ class ParamCache:
         return np.unique(rows[tags[rows] < version])
 
     def fill(self, name: str, rows: np.ndarray, values: np.ndarray, version: int) -> None:
-        self.values[name][rows] = values
+        """Store `values` of `rows` fetched for `version`, except where the cache already holds a
+        row for a later version (a fetch that lost a race with a pushed table must not undo it)."""
         tags = self.tags[name]
-        tags[rows] = np.maximum(tags[rows], version)
+        newer = tags[rows] <= version
+        if not newer.all():
+            rows, values = rows[newer], values[newer]
+        self.values[name][rows] = values
+        tags[rows] = version
 
     def read(self, name: str, rows: np.ndarray | None) -> np.ndarray:
         """Cached values: a read-only view of the whole table, or a copy of `rows`."""

@@ -291,6 +291,7 @@ def _advance_shard_resize(m: Master, item: dict[str, Any]) -> None:
     )
     rec["moved"] = int(sum(moved))
     m.layout = Layout(m.layout.layout_id + 1, owners, handles)
+    m.mirror.relabel(m.layout.layout_id - 1, m.layout.layout_id)  # rows moved, values did not
     m.shard_pids = m.get([h.pid.remote() for h in m.layout.shards])
     m.retired_shards += [(m.next_batch_id - 1, h) for h in retired]
     rec["t_done"] = time.monotonic() - m.t0

@@ -4,9 +4,11 @@ Runs in the calling process (`LitzRuntime.run()`); one thread owns every piece o
 threads talk to `LitzRuntime`, which queues their requests for this thread). Per dispatch round the
 master commits the flush keys of every completion handled so far — without waiting: the batches it
 sends carry the commit number, and shards hold reads until that commit is applied — so the tasks it
-sends next see those updates (§4.3); it sends one batch per worker. Because updates become visible
-only at a commit, and commits happen only when the driver sends new work or reads the PS, a driver
-at staleness 0 computes the same thing whatever the number of workers and the timing.
+sends next see those updates (§4.3); it sends one batch per worker. Small update logs came back
+with their results and ride inside the commit (`RuntimeConfig.inline_update_bytes`). Because
+updates become visible only at a commit, and commits happen only when the driver sends new work or
+reads the PS, a driver at staleness 0 computes the same thing whatever the number of workers and
+the timing.
 """
 
 from __future__ import annotations
@@ -21,7 +23,8 @@ import ray
 from ray.exceptions import RayActorError, RayError, RayTaskError
 
 from pollux.litz.api import Application, ApplicationError, LitzError, TaskResult
-from pollux.litz.ps import FlushKey, PSShardActor
+from pollux.litz.mirror import InlineLog, TableMirror
+from pollux.litz.ps import FlushKey, PSShardActor, StagedItem
 from pollux.litz.records import Layout, RunSummary, RuntimeConfig, TableMeta, TaskSpec, shard_assignment
 from pollux.litz.worker import LitzWorkerActor
 
@@ -121,6 +124,8 @@ class Master:
         self.active_resizes: list[dict[str, Any]] = []  # worker resizes under way
         self.shard_resizes: list[dict[str, Any]] = []  # shard resizes waiting for their new actors
         self.node_ids = list(cfg.node_ids) if cfg.node_ids else None
+        self.mirror = TableMirror(self.tables, cfg.push_table_bytes)
+        self.push_tables: set[str] = set()  # tables tasks read whole (pushed with every batch)
         self._worker_cls = ray.remote(LitzWorkerActor)
         self._shard_cls = ray.remote(PSShardActor)
 
@@ -133,6 +138,8 @@ class Master:
         self.next_seq: dict[int, int] = dict.fromkeys(range(self.cfg.num_executors), 0)
         self.inflight: dict[Any, InFlight] = {}
         self.uncommitted: list[FlushKey] = []
+        # updates that came back with their results (RuntimeConfig.inline_update_bytes), by key
+        self.uncommitted_inline: dict[FlushKey, InlineLog] = {}
         self.commit_id = 0
         self.commit_refs: list[Any] = []
         self.finished = False
@@ -141,20 +148,21 @@ class Master:
     def make_shards(self, num_shards: int, values: Mapping[str, np.ndarray] | None = None) -> None:
         """Create `num_shards` shards holding `values` (default: the tables' initial values)."""
         owners = {n: shard_assignment(m.shape[0], num_shards, self.cfg.seed) for n, m in self.tables.items()}
+        start: dict[str, np.ndarray] = {}
+        for name, meta in self.tables.items():
+            full = values[name] if values is not None else self.specs[name].init
+            start[name] = (
+                np.zeros(meta.shape, dtype=meta.dtype) if full is None else np.asarray(full, dtype=meta.dtype)
+            )
         shards: list[Any] = []
         for k in range(num_shards):
             tables = {}
-            for name, meta in self.tables.items():
+            for name in self.tables:
                 rows = np.flatnonzero(owners[name] == k)
-                full = values[name] if values is not None else self.specs[name].init
-                part = (
-                    np.zeros((rows.size, *meta.shape[1:]), dtype=meta.dtype)
-                    if full is None
-                    else np.asarray(full, dtype=meta.dtype)[rows]
-                )
-                tables[name] = (rows, part)
+                tables[name] = (rows, start[name][rows])
             shards.append(self.make_shard(k, tables, self.default_node(k)))
         self.layout = Layout(self.layout.layout_id + 1, owners, shards)
+        self.mirror.reset(self.layout.layout_id, start)
         self.shard_pids = self.get([s.pid.remote() for s in shards])
 
     def make_shard(
@@ -178,7 +186,13 @@ class Master:
         self.next_worker_id += 1
         self.worker_node[wid] = node
         handle = self._worker_cls.options(**_options(self.cfg, node)).remote(
-            wid, self.app, self.cfg.num_executors, self.tables, self.layout, self.cfg.task_floor_s
+            wid,
+            self.app,
+            self.cfg.num_executors,
+            self.tables,
+            self.layout,
+            self.cfg.task_floor_s,
+            self.cfg.inline_update_bytes,
         )
         self.workers[wid] = handle
         self.worker_layout[wid] = self.layout.layout_id
@@ -238,8 +252,30 @@ class Master:
             if before is not None:
                 before(self)  # e.g. SCAR: its copies of rows must be taken before they change
             keys, self.uncommitted = self.uncommitted, []
+            inline, self.uncommitted_inline = self.uncommitted_inline, {}
             self.commit_id += 1
-            self.commit_refs += [s.commit.remote(keys, self.commit_id) for s in self.layout.shards]
+            self.mirror.apply(list(keys), inline)
+            parts = self._inline_parts(inline)
+            shards = self.layout.shards
+            self.commit_refs += [
+                s.commit.remote(keys, self.commit_id, parts[k] or None) for k, s in enumerate(shards)
+            ]
+
+    def _inline_parts(self, inline: dict[FlushKey, InlineLog]) -> list[dict[FlushKey, list[StagedItem]]]:
+        """Inline updates split by owner shard under the current layout (whose shards hold their
+        rows: a migration completes before the layout changes, and commits wait for it)."""
+        n = len(self.layout.shards)
+        parts: list[dict[FlushKey, list[StagedItem]]] = [{} for _ in range(n)]
+        for key, drained in inline.items():
+            for table, (rows, delta) in drained.items():
+                if n == 1:
+                    parts[0].setdefault(key, []).append((table, rows, delta))
+                    continue
+                owner = self.layout.owners[table][rows]
+                for s in np.unique(owner):
+                    sel = owner == s
+                    parts[int(s)].setdefault(key, []).append((table, rows[sel], delta[sel]))
+        return parts
 
     def sync_commits(self) -> None:
         """Wait until every commit sent is applied (before a PS migration)."""
@@ -276,6 +312,8 @@ class Master:
         )
         for s, vals in zip(shards, got, strict=True):
             out[owner == s] = vals
+        if rows is None:
+            self.mirror.set(self.layout.layout_id, table, out)  # exact at the latest commit
         return out
 
     def ps_tables(self) -> dict[str, np.ndarray]:
@@ -294,10 +332,13 @@ class Master:
             self.tasks[task.task_id] = task
             batches.setdefault(self.exec_worker[e], []).append(spec)
         self.pending = []
+        push = self.mirror.current(self.layout.layout_id, self.push_tables) if self.push_tables else {}
         for wid, specs in batches.items():
             layout = self.layout if self.worker_layout[wid] < self.layout.layout_id else None
             self.worker_layout[wid] = self.layout.layout_id
-            ref = self.workers[wid].run_batch.remote(self.next_batch_id, specs, layout, self.commit_id)
+            ref = self.workers[wid].run_batch.remote(
+                self.next_batch_id, specs, layout, self.commit_id, push or None, self.version
+            )
             self.inflight[ref] = InFlight(wid, self.next_batch_id, [s.task_id for s in specs])
             self.next_batch_id += 1
             self.summary.batches += 1
@@ -322,7 +363,12 @@ class Master:
             out = self.get(ref)
             if out["key"] is not None:
                 self.uncommitted.append(out["key"])
+                if out.get("inline") is not None:
+                    self.uncommitted_inline[out["key"]] = out["inline"]
+                else:  # staged at the shards: the mirror cannot follow these tables
+                    self.mirror.drop(out.get("staged_tables", self.tables))
                 self.summary.flushes += 1
+            self.push_tables.update(out.get("full_reads", ()))
             self.summary.cache_hits += int(out["stats"]["hits"])
             self.summary.cache_misses += int(out["stats"]["misses"])
             self.summary.worker_busy_s += out["stats"]["run_s"] + out["stats"]["flush_s"]

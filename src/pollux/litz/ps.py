@@ -3,7 +3,9 @@
 Updates arrive in two steps so that the §4.3 guarantee holds and a run at staleness 0 does not
 depend on timing: a worker *stages* its aggregated update log under a flush key (before its
 results go to the master), and the master *commits* the keys of the completions it has handled
-before it sends any task that must see them. Reads see committed updates only.
+before it sends any task that must see them. Reads see committed updates only. A small update log
+skips the staging call: it travels with the batch's results to the master, and the commit message
+carries it here (staged and applied in one step, in the same key order).
 
 Shard migration (`migrate`) moves rows, with their staged deltas, to their new owners; afterwards
 a shard forwards every request for a row it gave away to the shard it gave it to, and a request for
@@ -164,9 +166,15 @@ class PSShardActor:
             await asyncio.gather(*[self.peers[d].stage.remote(key, its) for d, its in remote.items()])
         return len(mine)
 
-    async def commit(self, keys: list[FlushKey], commit_id: int) -> int:
-        """Apply the staged updates of `keys`, as commit number `commit_id` (in order)."""
+    async def commit(
+        self, keys: list[FlushKey], commit_id: int, inline: dict[FlushKey, list[StagedItem]] | None = None
+    ) -> int:
+        """Apply the staged updates of `keys`, as commit number `commit_id` (in order). `inline`:
+        updates of some of those keys that came back to the master with their batch's results
+        (`RuntimeConfig.inline_update_bytes`), this shard's rows of them; staged here first."""
         await self._await_commit(commit_id - 1)
+        for key, items in (inline or {}).items():
+            self.state.staged.setdefault(key, []).extend(items)
         applied = self.state.commit(keys)
         async with self._committed:
             self.commit_id = max(self.commit_id, commit_id)

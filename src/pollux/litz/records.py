@@ -41,6 +41,16 @@ class RuntimeConfig:
     ``shard_extension``, a picklable factory ``(shard index, {table: (rows, values)}) -> object``,
     gives every PS shard a side object that `PSShardActor.extension_call` invokes with the shard's
     data (e.g. SCAR's in-memory running checkpoint).
+
+    `inline_update_bytes`: a batch whose summed updates take at most this many bytes sends them
+    back with its results, and the master hands them to the shards inside its next commit (one
+    message instead of a staging round trip to every shard before the results can go back: the
+    sequential hops of a synchronous iteration drop from three to two). Larger updates are staged
+    at the shards as before, so they never pass through the master. 0 stages every update.
+    `push_table_bytes`: tables of at most this many bytes that tasks read whole are mirrored by the
+    master (exact, from those inline updates; `pollux.litz.mirror`) and sent with every batch, so
+    the tasks' reads hit the worker's cache instead of waiting for a fetch — one round trip per
+    synchronous iteration instead of two. 0 turns it off.
     """
 
     num_executors: int = 4
@@ -60,6 +70,8 @@ class RuntimeConfig:
     resume: bool = False
     poll_s: float = 0.05
     fault_tolerance: Any = None
+    inline_update_bytes: int = 1 << 20
+    push_table_bytes: int = 1 << 20
 
     def __post_init__(self) -> None:
         for name in ("num_executors", "num_workers", "num_shards"):
@@ -69,6 +81,12 @@ class RuntimeConfig:
             raise ValueError(f"RuntimeConfig.task_floor_s: must be >= 0, got {self.task_floor_s}")
         if self.checkpoint_every_s is not None and self.checkpoint_every_s <= 0:
             raise ValueError("RuntimeConfig.checkpoint_every_s: must be > 0 or None")
+        if self.inline_update_bytes < 0:
+            raise ValueError(
+                f"RuntimeConfig.inline_update_bytes: must be >= 0, got {self.inline_update_bytes}"
+            )
+        if self.push_table_bytes < 0:
+            raise ValueError(f"RuntimeConfig.push_table_bytes: must be >= 0, got {self.push_table_bytes}")
         if self.max_concurrency < 2:
             raise ValueError("RuntimeConfig.max_concurrency: workers need > 1 to overlap micro-tasks")
 

@@ -7,7 +7,9 @@ waits on a PS read yields to the others. Tasks of one executor run one at a time
 executor's last task sent here has run, then hands its state (and, on scale-out, its input) on.
 
 All updates of a batch are summed in one update log and staged at the shards before the batch's
-results go back to the master; the master commits them (see `pollux.litz.ps`).
+results go back to the master; the master commits them (see `pollux.litz.ps`). A small log
+(`RuntimeConfig.inline_update_bytes`) instead goes back with the results and reaches the shards
+inside the master's next commit, which saves a round trip per batch.
 """
 
 from __future__ import annotations
@@ -79,8 +81,10 @@ class LitzWorkerActor:
         tables: dict[str, TableMeta],
         layout: Layout,
         task_floor_s: float,
+        inline_update_bytes: int = 0,
     ) -> None:
         self.worker_id = worker_id
+        self.inline_update_bytes = inline_update_bytes
         self.app = app
         self.num_executors = num_executors
         self.tables = tables
@@ -92,6 +96,7 @@ class LitzWorkerActor:
         self._turns = asyncio.Condition()
         self._fetch_locks: dict[str, asyncio.Lock] = {}
         self._node_clock = 0.0
+        self.full_reads: set[str] = set()  # tables some task read whole: the master pushes them
 
     # ------------------------------------------------------------------ plumbing
     def pid(self) -> int:
@@ -145,6 +150,8 @@ class LitzWorkerActor:
     ) -> np.ndarray:
         meta = self.cache.table(table)
         idx = None if rows is None else np.asarray(rows, dtype=np.int64)
+        if idx is None:
+            self.full_reads.add(table)
         if idx is not None and idx.size and (idx.min() < 0 or idx.max() >= meta.shape[0]):
             raise IndexError(f"PS get {table!r}: rows outside [0, {meta.shape[0]})")
         if self.cache.stale_rows(table, idx, version).size == 0:
@@ -172,19 +179,42 @@ class LitzWorkerActor:
 
     # ------------------------------------------------------------------ micro-tasks
     async def run_batch(
-        self, batch_id: int, tasks: list[TaskSpec], layout: Layout | None = None, min_commit: int = 0
+        self,
+        batch_id: int,
+        tasks: list[TaskSpec],
+        layout: Layout | None = None,
+        min_commit: int = 0,
+        push: dict[str, np.ndarray] | None = None,
+        push_version: int = 0,
     ) -> dict[str, Any]:
         """Run `tasks` (cooperatively), stage their summed updates, return their results. Reads
-        wait for the master's commit `min_commit` at the shards (the §4.3 guarantee)."""
+        wait for the master's commit `min_commit` at the shards (the §4.3 guarantee). `push`:
+        whole tables as of that commit (the master's mirror, `pollux.litz.mirror`), cached for
+        `push_version` (the master's version, >= every task's here), so those reads hit."""
         if layout is not None:
             self.set_layout(layout)
+        for table, values in (push or {}).items():
+            self.cache.fill(table, np.arange(values.shape[0]), values, push_version)
         log = UpdateLog(self.tables)
         stats = {"hits": 0.0, "misses": 0.0, "ps_wait_s": 0.0}
         start = time.perf_counter()
         results = await asyncio.gather(*[self._run_one(t, log, stats, min_commit) for t in tasks])
         stats["run_s"] = time.perf_counter() - start
         drained = log.drain()
-        key = (self.worker_id, batch_id)
+        worker = self.worker_id
+        key = (worker, batch_id)
+        nbytes = sum(rows.nbytes + delta.nbytes for rows, delta in drained.values())
+        if drained and nbytes <= self.inline_update_bytes:
+            # small: back with the results; the master's next commit carries it to the shards
+            stats["flush_s"] = time.perf_counter() - start - stats["run_s"]
+            return {
+                "key": key,
+                "inline": drained,
+                "results": results,
+                "stats": stats,
+                "worker": worker,
+                "full_reads": sorted(self.full_reads),
+            }
         by_shard: dict[int, list[tuple[str, np.ndarray, np.ndarray]]] = {}
         for table, (rows, delta) in drained.items():
             owner = self.layout.owners[table][rows]
@@ -198,9 +228,12 @@ class LitzWorkerActor:
         stats["flush_s"] = time.perf_counter() - start - stats["run_s"]
         return {
             "key": key if by_shard else None,
+            "inline": None,
+            "staged_tables": sorted(drained),
             "results": results,
             "stats": stats,
             "worker": self.worker_id,
+            "full_reads": sorted(self.full_reads),
         }
 
     async def _run_one(
