@@ -124,7 +124,11 @@ class Master:
         self.active_resizes: list[dict[str, Any]] = []  # worker resizes under way
         self.shard_resizes: list[dict[str, Any]] = []  # shard resizes waiting for their new actors
         self.node_ids = list(cfg.node_ids) if cfg.node_ids else None
-        self.mirror = TableMirror(self.tables, cfg.push_table_bytes)
+        # no push under a fault-tolerance controller: the tasks' reads are then also what notices
+        # a lost shard before another commit lands on the others (SCAR's partial recovery keeps
+        # the surviving rows exactly as they were when the shard was lost)
+        push_bytes = cfg.push_table_bytes if cfg.fault_tolerance is None else 0
+        self.mirror = TableMirror(self.tables, push_bytes)
         self.push_tables: set[str] = set()  # tables tasks read whole (pushed with every batch)
         self._worker_cls = ray.remote(LitzWorkerActor)
         self._shard_cls = ray.remote(PSShardActor)

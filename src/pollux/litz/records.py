@@ -50,7 +50,8 @@ class RuntimeConfig:
     `push_table_bytes`: tables of at most this many bytes that tasks read whole are mirrored by the
     master (exact, from those inline updates; `pollux.litz.mirror`) and sent with every batch, so
     the tasks' reads hit the worker's cache instead of waiting for a fetch — one round trip per
-    synchronous iteration instead of two. 0 turns it off.
+    synchronous iteration instead of two. 0 turns it off; so does a `fault_tolerance` controller
+    (a task's read of a lost shard is then what stops the job before more commits land elsewhere).
     """
 
     num_executors: int = 4
