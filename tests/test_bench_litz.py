@@ -82,6 +82,13 @@ def test_litz_benchmark_quick_json_has_every_section():
 
     vs = rep["vs_ddp"]
     assert vs["litz_examples_per_s"] > 0 and vs["ddp_examples_per_s"] > 0 and vs["ratio"] > 0
+    assert [(r["shards"], r["staleness"]) for r in vs["litz_rows"]][:2] == [(1, 0), (1, 2)]
+    assert vs["ratio_ssp"] > 0 and vs["ssp_staleness"] == 2
+    # s = 0 computes DDP's updates on DDP's batches: the same objective at DDP's last step
+    sync = vs["litz_rows"][0]
+    assert sync["objective_end_iteration"] == vs["ddp_steps"]
+    assert abs(vs["sync_objective_rel_vs_ddp"]) < 1e-6, (sync["objective_end"], vs["ddp"]["objective_end"])
+    assert vs["ddp"]["objective_end"] < math.log(vs["config"]["classes"]), "DDP must have trained"
     assert rep["wall_s"] < 300
 
     # the benchmark's own Ray is stopped before it exits: no process of its session may be left
