@@ -391,6 +391,11 @@ def test_exploration_cap():
     assert exploration_cap(2, small) == 4
     fixed = BatchLimits(64, min_local_bsz=32)            # fixed batch: 64 // 32 = 2
     assert exploration_cap(5, fixed) == 2
+    assert exploration_cap(3, lim, factor=4) == 12       # another multiple (the sia policy's)
+    assert exploration_cap(0, lim, factor=4) == 1
+    assert exploration_cap(100, lim, factor=4) == 256
+    with pytest.raises(ValueError, match="factor"):
+        exploration_cap(1, lim, factor=0)
 
 
 def test_should_switch_hysteresis():

@@ -318,10 +318,23 @@ def test_registered_as_type_aware_adaptive() -> None:
 
 
 @pytest.mark.parametrize("bad", [{"p": 0.0}, {"lambda_n": 1.0}, {"restart_penalty_s": -1.0},
-                                 {"min_factor": 0.0}, {"lambda_a": -0.1}])
+                                 {"min_factor": 0.0}, {"lambda_a": -0.1}, {"explore_factor": 0},
+                                 {"explore_factor": 1.5}, {"explore_factor": True}])
 def test_bad_options_name_the_field(bad: dict) -> None:
     with pytest.raises(ValueError, match=next(iter(bad))):
         SiaPolicy(**bad)
+
+
+@pytest.mark.parametrize("factor", [1, 2, 4])
+def test_explore_factor_caps_the_candidate_counts(factor: int) -> None:
+    """A job that has held 2 GPUs is offered at most factor × 2 (with room and batch limits for more)."""
+    model, _ = random_model(np.random.default_rng(3))
+    limits = BatchLimits(model.init_batch_size, 64 * model.init_batch_size, min_local_bsz=1)
+    job = JobView(id="a", submit_time=0.0, age_s=1000.0, model=model, limits=limits, max_replicas_seen=2)
+    cluster = parse_cluster("aws:8x4")
+    table = SiaPolicy(explore_factor=factor).table([job], cluster, np.array([32]))
+    assert int(table.count.max()) == 2 * factor
+    assert SiaPolicy().explore_factor == 4
 
 
 def test_limits_none_and_no_type_models() -> None:

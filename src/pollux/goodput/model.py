@@ -245,13 +245,16 @@ def optimize(model: GoodputModel, nodes: ArrayLike, replicas: ArrayLike,
 
 
 def exploration_cap(max_replicas_seen: int, limits: BatchLimits,
-                    max_replicas: int | None = None) -> int:
+                    max_replicas: int | None = None, factor: int = 2) -> int:
     """Most replicas a job may be given now (SPEC §3).
 
-    ``max(2 × most replicas ever held, 1)``, capped by the job's ``max_replicas`` and by
-    ``max_batch_size // min_local_bsz`` (more replicas could not each get a valid local batch).
+    ``max(factor × most replicas ever held, 1)`` (``factor`` 2 as SPEC §3), capped by the job's
+    ``max_replicas`` and by ``max_batch_size // min_local_bsz`` (more replicas could not each get a
+    valid local batch).
     """
-    cap = max(2 * int(max_replicas_seen), 1)
+    if int(factor) < 1:
+        raise ValueError(f"factor: must be >= 1, got {factor!r}")
+    cap = max(int(factor) * int(max_replicas_seen), 1)
     if max_replicas is not None:
         cap = min(cap, int(max_replicas))
     cap = min(cap, int(limits.max_batch // limits.min_local_bsz))

@@ -38,7 +38,8 @@ none can); such jobs are listed in the state's ``fallbacks``.
 
 Measured (seed 0, the 8 pollux-osdi21 workloads on 16 x 4; mean average JCT / restarts per job):
 λ_n 1.1 2728 s / 2.91 → λ_n 3 2717 s / 2.92 (λ_n 10: the same as 3); + keeping the current
-allocation on a fallback 2716 s / 2.85; + one-node placement of one-node counts 2717 s / 2.77.
+allocation on a fallback 2716 s / 2.85; + one-node placement of one-node counts 2717 s / 2.77;
++ exploration factor 4 (:data:`EXPLORE_FACTOR`) 2665 s / 2.39.
 With λ_n = 1.1, workload-2 had 252 job-rounds of jobs waiting behind 2-GPU jobs (ncf p99 JCT
 949 s against Pollux's 128 s): admitting a job at 1 GPU gained only (λ_n − 1) × its cost, while
 shrinking a 2-GPU job to make room cost about three times that; with λ_n = 3, none waited.
@@ -50,7 +51,8 @@ normalising by the fair-share goodput as Pollux does (2727 s / 3.11), λ_a = 0 (
 without GPUs as Sia's artifact (no change). δ = 20 s gave 2697 s / 2.93 but is not the simulator's
 30 s restart delay, so δ stays 30 s. On the sia-sosp23 cluster (benchmarks/heterogeneous.py, all 8
 workloads) the changes give 0.575 h mean average JCT and 2.80 restarts per job (before: 0.575 h,
-2.94).
+2.94), and the exploration factor 4 0.552 h and 2.64. With factor 4, λ_a 0.005 / 0.02 gave 2663 /
+2664 s (2.51 / 2.21 restarts): no constant here is tuned further to these workloads (SPEC §7 asks not to).
 """
 
 from __future__ import annotations
@@ -76,6 +78,14 @@ STATE_VERSION = 1
 #: and 3.81 / 3.14 / 2.91 (w1-4) / 2.50 restarts per job — type moves add restarts there).
 LAMBDA_A_ONE_TYPE = 0.01
 LAMBDA_A_MIXED = 0.07
+#: Default exploration cap factor: a job may get up to this multiple of the most GPUs it has held
+#: (SPEC §3's rule with 2 for Pollux). Measured (seed 0): on the 8 pollux-osdi21 workloads, 16 x 4,
+#: factor 2 / 3 / 4 / 8 / none gave mean average JCT 2717 / 2700 / 2665 / 2709 / 2703 s and 2.77 /
+#: 2.75 / 2.39 / 2.59 / 2.50 restarts per job; on the 8 sia-sosp23 Philly workloads
+#: (aws:6x4,rtx:3x8,dgx-ext:2x8) factor 2 / 4 gave 0.575 / 0.552 h and 2.80 / 2.64 restarts per
+#: job. A job that grows 1 → 4 → 16 restarts twice where 1 → 2 → 4 → 8 → 16 restarts four times;
+#: 4 only while a job has held at most 1 GPU gave 2689 s, only after it had held 2 or more 2733 s.
+EXPLORE_FACTOR = 4
 #: Default λ_n (Sia's is 1.1 on its flat idle cost; measurements in the module docstring). With
 #: ``idle_cost = λ_n × cost of the fewest GPUs``, λ_n = 1.1 let jobs wait behind jobs holding two
 #: GPUs each; λ_n ≥ 3 makes admitting a waiting job worth more than the restart of a job shrunk
@@ -184,6 +194,8 @@ class SiaPolicy:
     rigid_fixed: give every job exactly its ``fixed`` replicas (TunedJobs-style rigid jobs; the
         simulator and the service fill ``fixed`` for every job, so it cannot mark rigidity by
         itself). Without it a job is rigid when ``min_replicas == max_replicas``.
+    explore_factor: the exploration cap's multiple of the most GPUs a job has held (SPEC §3 uses 2
+        for Pollux; :data:`EXPLORE_FACTOR` = 4 by default, measured there).
     mip_rel_gap, time_limit_s: HiGHS options (the gap is tight enough to return the optimum).
     cache: how many goodput arrays to memoise across rounds (a pure function of their key).
 
@@ -196,7 +208,8 @@ class SiaPolicy:
 
     def __init__(self, p: float = -0.5, lambda_n: float = LAMBDA_N, restart_penalty_s: float = 30.0,
                  min_factor: float = 0.1, *, lambda_a: float | None = None, rigid_fixed: bool = False,
-                 mip_rel_gap: float = 1e-7, time_limit_s: float = 30.0, cache: int = 4096) -> None:
+                 explore_factor: int = EXPLORE_FACTOR, mip_rel_gap: float = 1e-7, time_limit_s: float = 30.0,
+                 cache: int = 4096) -> None:
         check_options(float(p), float(lambda_n), float(restart_penalty_s), float(min_factor))
         self.p = float(p)
         self.lambda_n = float(lambda_n)
@@ -206,6 +219,9 @@ class SiaPolicy:
         if lambda_a is not None and not 0.0 <= lambda_a < float("inf"):
             raise ValueError(f"lambda_a: must be finite and >= 0 (or None), got {lambda_a!r}")
         self.lambda_a = None if lambda_a is None else float(lambda_a)
+        if isinstance(explore_factor, bool) or not isinstance(explore_factor, int) or explore_factor < 1:
+            raise ValueError(f"explore_factor: must be an integer >= 1, got {explore_factor!r}")
+        self.explore_factor = int(explore_factor)
         self.mip_rel_gap = float(mip_rel_gap)
         self.time_limit_s = float(time_limit_s)
         self._cache = GoodputCache(cache)
@@ -216,7 +232,7 @@ class SiaPolicy:
         return build_configs(jobs, cluster, free_by_type, p=self.p, lambda_n=self.lambda_n,
                              restart_penalty_s=self.restart_penalty_s, min_factor=self.min_factor,
                              rigid_fixed=self.rigid_fixed, cache=self._cache,
-                             lambda_a=self.lambda_a_for(cluster))
+                             lambda_a=self.lambda_a_for(cluster), explore_factor=self.explore_factor)
 
     def lambda_a_for(self, cluster: Cluster) -> float:
         """λ_a on ``cluster``: the option, or the default for one type or several."""

@@ -3,7 +3,8 @@
 A *configuration* is (GPU type t, GPU count n) for one job. :func:`build_configs` lists, for every
 schedulable job, the counts it may get on each type it can run — 1, 2, 4, … up to one node of the
 type, then whole multiples of the node size, capped by the free GPUs of the type, the job's
-``max_replicas`` and the exploration cap Pollux uses (SPEC §3) — together with the job's current
+``max_replicas`` and an exploration cap like Pollux's (SPEC §3; its factor is an option of the
+policy, 4 by default, see :data:`pollux.policy.sia.EXPLORE_FACTOR`) — together with the job's current
 count (so keeping it is always possible) and its ``min_replicas``. Each configuration's goodput
 comes from the job's model on that type (:meth:`JobView.model_for`), one vectorised
 :func:`pollux.goodput.optimize` call per (job, type); a type missing from a non-None ``type_models``
@@ -105,12 +106,13 @@ def current_config(job: JobView, cluster: Cluster, node_index: dict[str, int],
     return types.pop(), gpus, nodes
 
 
-def _job_cap(job: JobView, limits: BatchLimits | None) -> int:
-    """Pollux's exploration cap on a type (``limits`` of that type), raised to min_replicas."""
+def _job_cap(job: JobView, limits: BatchLimits | None, factor: int) -> int:
+    """Pollux's exploration cap with ``factor`` on a type (``limits`` of that type), raised to
+    min_replicas."""
     if limits is not None:
-        cap = exploration_cap(job.max_replicas_seen, limits, job.max_replicas)
+        cap = exploration_cap(job.max_replicas_seen, limits, job.max_replicas, factor)
     else:
-        cap = min(max(2 * int(job.max_replicas_seen), 1), int(job.max_replicas))
+        cap = min(max(factor * int(job.max_replicas_seen), 1), int(job.max_replicas))
     if 0 < job.min_replicas <= job.max_replicas:
         cap = max(cap, int(job.min_replicas))
     return int(cap)
@@ -151,13 +153,15 @@ def build_configs(
     rigid_fixed: bool,
     cache: GoodputCache,
     lambda_a: float = 0.0,
+    explore_factor: int = 2,
 ) -> ConfigTable:
     """The configurations of ``jobs`` (already in priority order, pinned jobs excluded).
 
     ``free_by_type[t]`` is the GPUs of type t the program may hand out (capacity minus pinned jobs).
     ``rigid_fixed``: a job's ``fixed`` replicas is the only count it may get (TunedJobs-style rigid
     jobs); otherwise a rigid job is one with ``min_replicas == max_replicas``. ``lambda_a`` is a flat
-    cost of changing a running job's configuration (or stopping it), Sia's λ_a.
+    cost of changing a running job's configuration (or stopping it), Sia's λ_a. ``explore_factor``
+    is the exploration cap's multiple of the most GPUs a job has held (SPEC §3's 2 for Pollux).
     """
     types = cluster.type_names
     node_type = cluster.type_index()
@@ -198,7 +202,7 @@ def build_configs(
             else:
                 if limits is None:
                     limits = BatchLimits(model.init_batch_size)
-                cap = min(_job_cap(job, limits), upper_hw)
+                cap = min(_job_cap(job, limits, explore_factor), upper_hw)
                 cand = np.concatenate([base_counts(int(node_size[t]), cap),
                                        np.asarray([int(job.min_replicas), keep], dtype=np.int64)])
             cand = np.unique(cand)
