@@ -46,7 +46,9 @@ def test_one_executor_equals_plain_minibatch_sgd() -> None:
     summary = run_local(mlr_app(**cfg), num_executors=1)
     _assert_same(_trajectory(summary), want, rtol=1e-9)
     _assert_same(numpy_sgd_reference(1, **cfg), want, rtol=1e-12)
-    assert summary.final == {"objective": want[-1][1], "iterations": 60, "target_reached": False}
+    # to rounding, not bit for bit: the BLAS kernels (and so the last bits) differ between CPUs
+    assert summary.final == {"objective": pytest.approx(want[-1][1], rel=1e-12, abs=0), "iterations": 60,
+                             "target_reached": False}
     # the single-table variant is the same algorithm
     single = run_local(mlr_app(**cfg, double_buffer=False), num_executors=1)
     _assert_same(_trajectory(single), want, rtol=1e-9)
