@@ -85,6 +85,8 @@ LAMBDA_A_MIXED = 0.07
 #: (aws:6x4,rtx:3x8,dgx-ext:2x8) factor 2 / 4 gave 0.575 / 0.552 h and 2.80 / 2.64 restarts per
 #: job. A job that grows 1 → 4 → 16 restarts twice where 1 → 2 → 4 → 8 → 16 restarts four times;
 #: 4 only while a job has held at most 1 GPU gave 2689 s, only after it had held 2 or more 2733 s.
+#: On 8 held-out workloads (the same trace, seeds 101-108; docs/benchmarks.md) factor 2 / 4 gave
+#: 2731 / 2669 s and 2.76 / 2.36 restarts per job, factor 4 better on each workload.
 EXPLORE_FACTOR = 4
 #: Default λ_n (Sia's is 1.1 on its flat idle cost; measurements in the module docstring). With
 #: ``idle_cost = λ_n × cost of the fewest GPUs``, λ_n = 1.1 let jobs wait behind jobs holding two
