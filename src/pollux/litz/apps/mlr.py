@@ -122,8 +122,12 @@ def batch_rows(num_rows: int, batch_size: int, iteration: int, seed: int, execut
     epoch, cut into floor(num_rows / batch_size) batches (the tail of each epoch is dropped)."""
     per_epoch = max(1, num_rows // batch_size)
     epoch, j = divmod(iteration, per_epoch)
-    perm = np.random.default_rng([seed, 1, executor_id, epoch]).permutation(num_rows)
-    return perm[j * batch_size : (j + 1) * batch_size]
+    return epoch_permutation(num_rows, seed, executor_id, epoch)[j * batch_size : (j + 1) * batch_size]
+
+
+def epoch_permutation(num_rows: int, seed: int, executor_id: int, epoch: int) -> np.ndarray:
+    """The order in which an executor visits its partition's rows in `epoch` (`batch_rows`)."""
+    return np.random.default_rng([seed, 1, executor_id, epoch]).permutation(num_rows)
 
 
 def table_name(copy: int, double_buffer: bool) -> str:
@@ -137,6 +141,15 @@ class MLRExecutor(Executor):
         super().__init__(executor_id, num_executors, config)
         self.cfg = MLRConfig.from_mapping(config, num_executors, 1)
         self.pending: dict[int, np.ndarray] = {}
+        self._perm: tuple[int, np.ndarray] | None = None  # (epoch, its permutation): not state
+
+    def batch_rows(self, num_rows: int, iteration: int) -> np.ndarray:
+        """`batch_rows` with the epoch's permutation drawn once per epoch, not once per task."""
+        batch = self.cfg.batch_size
+        epoch, j = divmod(iteration, max(1, num_rows // batch))
+        if self._perm is None or self._perm[0] != epoch:
+            self._perm = (epoch, epoch_permutation(num_rows, self.cfg.seed, self.executor_id, epoch))
+        return self._perm[1][j * batch : (j + 1) * batch]
 
     def load_input(self) -> tuple[np.ndarray, np.ndarray]:
         data = load_classification(self.config)
@@ -154,7 +167,7 @@ class MLRExecutor(Executor):
         cfg = self.cfg
         i = int(args["iteration"])
         W = await ctx.ps.get(table_name(i, cfg.double_buffer))
-        rows = batch_rows(X.shape[0], cfg.batch_size, i, cfg.seed, self.executor_id)
+        rows = self.batch_rows(X.shape[0], i)
         loss, grad = loss_and_grad(W, X[rows], y[rows], cfg.l2)
         delta = (-cfg.lr / self.num_executors) * grad
         if not cfg.double_buffer:
