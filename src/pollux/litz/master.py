@@ -28,6 +28,10 @@ from pollux.litz.ps import FlushKey, PSShardActor, StagedItem
 from pollux.litz.records import Layout, RunSummary, RuntimeConfig, TableMeta, TaskSpec, shard_assignment
 from pollux.litz.worker import LitzWorkerActor
 
+#: Inline updates held back from the shards while every table travels with the batches: a commit is
+#: sent once they reach this many bytes (one message per shard for several iterations' keys).
+DEFERRED_COMMIT_BYTES = 64 * 1024
+
 
 class ActorLost(LitzError):
     """A worker or shard actor died (or a call to it failed inside Ray); recovery may follow."""
@@ -144,6 +148,10 @@ class Master:
         self.uncommitted: list[FlushKey] = []
         # updates that came back with their results (RuntimeConfig.inline_update_bytes), by key
         self.uncommitted_inline: dict[FlushKey, InlineLog] = {}
+        # handled keys already in the mirror whose commit to the shards is put off (`send_pending`)
+        self.unsent: list[FlushKey] = []
+        self.unsent_inline: dict[FlushKey, InlineLog] = {}
+        self.unsent_bytes = 0
         self.commit_id = 0
         self.commit_refs: list[Any] = []
         self.finished = False
@@ -251,19 +259,30 @@ class Master:
     def commit(self) -> None:
         """Send the handled flush keys to every shard as the next commit; do not wait (reads and
         batches sent from now on carry `commit_id`, and the shards hold them until it is applied)."""
-        if self.uncommitted:
+        self._advance_mirror()
+        if self.unsent:
             before = getattr(self.cfg.fault_tolerance, "before_commit", None)
             if before is not None:
                 before(self)  # e.g. SCAR: its copies of rows must be taken before they change
-            keys, self.uncommitted = self.uncommitted, []
-            inline, self.uncommitted_inline = self.uncommitted_inline, {}
+            keys, self.unsent = self.unsent, []
+            inline, self.unsent_inline = self.unsent_inline, {}
+            self.unsent_bytes = 0
             self.commit_id += 1
-            self.mirror.apply(list(keys), inline)
             parts = self._inline_parts(inline)
             shards = self.layout.shards
             self.commit_refs += [
                 s.commit.remote(keys, self.commit_id, parts[k] or None) for k, s in enumerate(shards)
             ]
+
+    def _advance_mirror(self) -> None:
+        """Apply the handled flush keys to the mirror and queue them for the shards (`unsent`)."""
+        if self.uncommitted:
+            keys, self.uncommitted = self.uncommitted, []
+            inline, self.uncommitted_inline = self.uncommitted_inline, {}
+            self.mirror.apply(keys, inline)
+            self.unsent += keys
+            self.unsent_inline.update(inline)
+            self.unsent_bytes += sum(r.nbytes + d.nbytes for log in inline.values() for r, d in log.values())
 
     def _inline_parts(self, inline: dict[FlushKey, InlineLog]) -> list[dict[FlushKey, list[StagedItem]]]:
         """Inline updates split by owner shard under the current layout (whose shards hold their
@@ -327,7 +346,13 @@ class Master:
     def send_pending(self) -> None:
         if not self.pending:
             return
-        self.commit()
+        self._advance_mirror()
+        push = self.mirror.current(self.layout.layout_id, self.push_tables) if self.push_tables else {}
+        # Every table comes with the batch (exact at the latest handled key): no task reads a shard,
+        # so the commit can wait and carry several keys in one message. Anything that reads the
+        # shards (the driver's `ps_read`, checkpoints, migrations, a table not pushed) commits first.
+        if len(push) < len(self.tables) or self.unsent_bytes >= DEFERRED_COMMIT_BYTES:
+            self.commit()
         batches: dict[int, list[TaskSpec]] = {}
         for task in self.pending:
             e = task.executor_id
@@ -336,7 +361,6 @@ class Master:
             self.tasks[task.task_id] = task
             batches.setdefault(self.exec_worker[e], []).append(spec)
         self.pending = []
-        push = self.mirror.current(self.layout.layout_id, self.push_tables) if self.push_tables else {}
         for wid, specs in batches.items():
             layout = self.layout if self.worker_layout[wid] < self.layout.layout_id else None
             self.worker_layout[wid] = self.layout.layout_id
