@@ -25,7 +25,16 @@ from ray.exceptions import RayActorError, RayError, RayTaskError
 from pollux.litz.api import Application, ApplicationError, LitzError, TaskResult
 from pollux.litz.mirror import InlineLog, TableMirror
 from pollux.litz.ps import FlushKey, PSShardActor, StagedItem
-from pollux.litz.records import Layout, RunSummary, RuntimeConfig, TableMeta, TaskSpec, shard_assignment
+from pollux.litz.records import (
+    Layout,
+    RunSummary,
+    RuntimeConfig,
+    TableMeta,
+    TaskSpec,
+    pack,
+    shard_assignment,
+    unpack,
+)
 from pollux.litz.worker import LitzWorkerActor
 
 #: Inline updates held back from the shards while every table travels with the batches: a commit is
@@ -364,9 +373,8 @@ class Master:
         for wid, specs in batches.items():
             layout = self.layout if self.worker_layout[wid] < self.layout.layout_id else None
             self.worker_layout[wid] = self.layout.layout_id
-            ref = self.workers[wid].run_batch.remote(
-                self.next_batch_id, specs, layout, self.commit_id, push or None, self.version
-            )
+            payload = pack((specs, self.commit_id, push or None, self.version))
+            ref = self.workers[wid].run_batch.remote(self.next_batch_id, payload, layout)
             self.inflight[ref] = InFlight(wid, self.next_batch_id, [s.task_id for s in specs])
             self.next_batch_id += 1
             self.summary.batches += 1
@@ -388,7 +396,7 @@ class Master:
             if ref not in self.inflight:
                 continue  # a recovery during this loop took it back (its tasks are queued again)
             self.inflight.pop(ref)
-            out = self.get(ref)
+            out = unpack(self.get(ref))
             if out["key"] is not None:
                 self.uncommitted.append(out["key"])
                 if out.get("inline") is not None:

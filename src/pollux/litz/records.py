@@ -172,3 +172,24 @@ class Layout:
 
     def rows_of(self, table: str, shard: int) -> np.ndarray:
         return np.flatnonzero(self.owners[table] == shard)
+
+
+def pack(obj: Any) -> bytes:
+    """`obj` pickled into one bytes object, numpy buffers in-band, for a Ray message.
+
+    Why: Ray serialises each numpy array of a call's arguments or return value as a zero-copy
+    out-of-band buffer, which for the few-KB arrays of a batch (pushed tables, inline update logs)
+    costs more than the message itself — on the 2-core VM two `run_batch` round trips with 10 KB
+    pushed and 5 KB back took 1.8–1.9 ms as arrays and 1.4–1.5 ms as pickled bytes. Ray's
+    cloudpickle, so that classes pickled by value (``register_pickle_by_value``) still travel.
+    """
+    from ray import cloudpickle
+
+    return cloudpickle.dumps(obj, protocol=5)
+
+
+def unpack(data: bytes) -> Any:
+    """The object `pack` pickled (its arrays are fresh and writable)."""
+    import pickle
+
+    return pickle.loads(data)

@@ -25,7 +25,7 @@ from ray.exceptions import RayError
 
 from pollux.litz.api import Application, Executor
 from pollux.litz.cache import ParamCache, UpdateLog
-from pollux.litz.records import Layout, TableMeta, TaskSpec
+from pollux.litz.records import Layout, TableMeta, TaskSpec, pack, unpack
 
 
 class _TaskPS:
@@ -178,7 +178,13 @@ class LitzWorkerActor:
             return self.cache.read(table, idx)
 
     # ------------------------------------------------------------------ micro-tasks
-    async def run_batch(
+    async def run_batch(self, batch_id: int, payload: bytes, layout: Layout | None = None) -> bytes:
+        """`_run_batch` on the master's `pack`-ed (tasks, min_commit, push, push_version); returns its
+        result `pack`-ed (see `pollux.litz.records.pack`)."""
+        tasks, min_commit, push, push_version = unpack(payload)
+        return pack(await self._run_batch(batch_id, tasks, layout, min_commit, push, push_version))
+
+    async def _run_batch(
         self,
         batch_id: int,
         tasks: list[TaskSpec],
