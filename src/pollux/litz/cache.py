@@ -47,6 +47,15 @@ class ParamCache:
         self.values[name][rows] = values
         tags[rows] = version
 
+    def fill_all(self, name: str, values: np.ndarray, version: int) -> None:
+        """`fill` of every row (a pushed table), without the row index when no row is newer."""
+        tags = self.tags[name]
+        if int(tags.max()) > version:
+            self.fill(name, np.arange(tags.size), values, version)
+            return
+        self.values[name][...] = values
+        tags[:] = version
+
     def read(self, name: str, rows: np.ndarray | None) -> np.ndarray:
         """Cached values: a read-only view of the whole table, or a copy of `rows`."""
         if rows is None:

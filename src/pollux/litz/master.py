@@ -280,7 +280,8 @@ class Master:
             parts = self._inline_parts(inline)
             shards = self.layout.shards
             self.commit_refs += [
-                s.commit.remote(keys, self.commit_id, parts[k] or None) for k, s in enumerate(shards)
+                s.commit.remote(keys, self.commit_id, pack(parts[k]) if parts[k] else None)
+                for k, s in enumerate(shards)
             ]
 
     def _advance_mirror(self) -> None:
@@ -373,8 +374,9 @@ class Master:
         for wid, specs in batches.items():
             layout = self.layout if self.worker_layout[wid] < self.layout.layout_id else None
             self.worker_layout[wid] = self.layout.layout_id
-            payload = pack((specs, self.commit_id, push or None, self.version))
-            ref = self.workers[wid].run_batch.remote(self.next_batch_id, payload, layout)
+            payload = pack((self.next_batch_id, specs, self.commit_id, push or None, self.version))
+            run = self.workers[wid].run_batch
+            ref = run.remote(payload) if layout is None else run.remote(payload, layout)
             self.inflight[ref] = InFlight(wid, self.next_batch_id, [s.task_id for s in specs])
             self.next_batch_id += 1
             self.summary.batches += 1

@@ -20,6 +20,8 @@ from typing import Any
 
 import numpy as np
 
+from pollux.litz.records import unpack
+
 FlushKey = tuple[int, int]
 StagedItem = tuple[str, np.ndarray, np.ndarray]  # table, global rows (unique), delta
 Parcel = tuple[str, np.ndarray, np.ndarray, dict[FlushKey, list[StagedItem]]]  # rows moving
@@ -167,12 +169,18 @@ class PSShardActor:
         return len(mine)
 
     async def commit(
-        self, keys: list[FlushKey], commit_id: int, inline: dict[FlushKey, list[StagedItem]] | None = None
+        self,
+        keys: list[FlushKey],
+        commit_id: int,
+        inline: dict[FlushKey, list[StagedItem]] | bytes | None = None,
     ) -> int:
         """Apply the staged updates of `keys`, as commit number `commit_id` (in order). `inline`:
         updates of some of those keys that came back to the master with their batch's results
-        (`RuntimeConfig.inline_update_bytes`), this shard's rows of them; staged here first."""
+        (`RuntimeConfig.inline_update_bytes`), this shard's rows of them (or them `pack`-ed, as the
+        master sends them); staged here first."""
         await self._await_commit(commit_id - 1)
+        if isinstance(inline, bytes):
+            inline = unpack(inline)
         for key, items in (inline or {}).items():
             self.state.staged.setdefault(key, []).extend(items)
         applied = self.state.commit(keys)

@@ -178,10 +178,10 @@ class LitzWorkerActor:
             return self.cache.read(table, idx)
 
     # ------------------------------------------------------------------ micro-tasks
-    async def run_batch(self, batch_id: int, payload: bytes, layout: Layout | None = None) -> bytes:
-        """`_run_batch` on the master's `pack`-ed (tasks, min_commit, push, push_version); returns its
-        result `pack`-ed (see `pollux.litz.records.pack`)."""
-        tasks, min_commit, push, push_version = unpack(payload)
+    async def run_batch(self, payload: bytes, layout: Layout | None = None) -> bytes:
+        """`_run_batch` on the master's `pack`-ed (batch_id, tasks, min_commit, push, push_version);
+        returns its result `pack`-ed (see `pollux.litz.records.pack`)."""
+        batch_id, tasks, min_commit, push, push_version = unpack(payload)
         return pack(await self._run_batch(batch_id, tasks, layout, min_commit, push, push_version))
 
     async def _run_batch(
@@ -200,11 +200,14 @@ class LitzWorkerActor:
         if layout is not None:
             self.set_layout(layout)
         for table, values in (push or {}).items():
-            self.cache.fill(table, np.arange(values.shape[0]), values, push_version)
+            self.cache.fill_all(table, values, push_version)
         log = UpdateLog(self.tables)
         stats = {"hits": 0.0, "misses": 0.0, "ps_wait_s": 0.0}
         start = time.perf_counter()
-        results = await asyncio.gather(*[self._run_one(t, log, stats, min_commit) for t in tasks])
+        if len(tasks) == 1:  # no event-loop task to schedule for the common synchronous case
+            results = [await self._run_one(tasks[0], log, stats, min_commit)]
+        else:
+            results = await asyncio.gather(*[self._run_one(t, log, stats, min_commit) for t in tasks])
         stats["run_s"] = time.perf_counter() - start
         drained = log.drain()
         worker = self.worker_id
