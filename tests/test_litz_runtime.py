@@ -150,8 +150,8 @@ def test_staleness_gets_cache_hits_and_converges(cluster):
 
 @pytest.mark.parametrize(
     "hops",
-    [{}, {"push_table_bytes": 0}, {"inline_update_bytes": 0}],
-    ids=["inline+push", "inline", "staged"],
+    [{}, {"push_table_bytes": 0}, {"inline_update_bytes": 0}, {"sequential_workers": False}],
+    ids=["inline+push", "inline", "staged", "async-workers"],
 )
 def test_dependency_guarantee(cluster, hops):
     # each task is dispatched after the previous one's completion, alternating workers: it must

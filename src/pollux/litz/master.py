@@ -35,7 +35,7 @@ from pollux.litz.records import (
     shard_assignment,
     unpack,
 )
-from pollux.litz.worker import LitzWorkerActor
+from pollux.litz.worker import LitzWorkerActor, SequentialWorkerActor
 
 #: Inline updates held back from the shards while every table travels with the batches: a commit is
 #: sent once they reach this many bytes (one message per shard for several iterations' keys).
@@ -143,7 +143,7 @@ class Master:
         push_bytes = cfg.push_table_bytes if cfg.fault_tolerance is None else 0
         self.mirror = TableMirror(self.tables, push_bytes)
         self.push_tables: set[str] = set()  # tables tasks read whole (pushed with every batch)
-        self._worker_cls = ray.remote(LitzWorkerActor)
+        self._worker_cls = ray.remote(SequentialWorkerActor if cfg.sequential_workers else LitzWorkerActor)
         self._shard_cls = ray.remote(PSShardActor)
 
     def _reset_run_state(self) -> None:
@@ -206,7 +206,10 @@ class Master:
         wid = self.next_worker_id
         self.next_worker_id += 1
         self.worker_node[wid] = node
-        handle = self._worker_cls.options(**_options(self.cfg, node)).remote(
+        opts = _options(self.cfg, node)
+        if self.cfg.sequential_workers:
+            opts["max_concurrency"] = 1  # one call at a time, in the order sent
+        handle = self._worker_cls.options(**opts).remote(
             wid,
             self.app,
             self.cfg.num_executors,

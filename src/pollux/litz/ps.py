@@ -179,9 +179,10 @@ class PSShardActor:
         (`RuntimeConfig.inline_update_bytes`), this shard's rows of them (or them `pack`-ed, as the
         master sends them); staged here first."""
         await self._await_commit(commit_id - 1)
-        if isinstance(inline, bytes):
-            inline = unpack(inline)
-        for key, items in (inline or {}).items():
+        staged: dict[FlushKey, list[StagedItem]] = (
+            unpack(inline) if isinstance(inline, bytes) else inline or {}
+        )
+        for key, items in staged.items():
             self.state.staged.setdefault(key, []).extend(items)
         applied = self.state.commit(keys)
         async with self._committed:

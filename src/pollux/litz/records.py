@@ -52,6 +52,12 @@ class RuntimeConfig:
     the tasks' reads hit the worker's cache instead of waiting for a fetch — one round trip per
     synchronous iteration instead of two. 0 turns it off; so does a `fault_tolerance` controller
     (a task's read of a lost shard is then what stops the job before more commits land elsewhere).
+
+    `sequential_workers` (default): a worker is a threaded Ray actor running one call at a time, a
+    batch's micro-tasks overlapping on its own event loop (`pollux.litz.worker.SequentialWorkerActor`:
+    less Ray overhead per batch). False: an async actor with `max_concurrency` concurrent calls, so a
+    batch can also start while an earlier one still waits on PS reads. Shards are async actors with
+    `max_concurrency` either way.
     """
 
     num_executors: int = 4
@@ -65,6 +71,7 @@ class RuntimeConfig:
     node_ids: list[str] | None = None
     worker_num_cpus: float = 0.0
     max_concurrency: int = 1000
+    sequential_workers: bool = True
     max_recoveries: int = 3
     worker_start_timeout_s: float = 120.0
     stall_timeout_s: float = 600.0
