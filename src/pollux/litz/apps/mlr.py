@@ -98,11 +98,8 @@ def with_bias(X: np.ndarray) -> np.ndarray:
 def loss_and_grad(W: np.ndarray, Xb: np.ndarray, y: np.ndarray, l2: float = 0.0) -> tuple[float, np.ndarray]:
     """Mean cross-entropy of softmax(Xb @ W) against labels `y`, and its gradient with respect to W
     (plus `l2/2 * ||W[:-1]||²`; the bias row is not regularised)."""
-    logits = Xb @ W
-    logits -= logits.max(axis=1, keepdims=True)
-    log_norm = np.log(np.exp(logits).sum(axis=1))
+    loss, logits, log_norm = _mean_cross_entropy(W, Xb, y)
     n = Xb.shape[0]
-    loss = float(np.mean(log_norm - logits[np.arange(n), y]))
     probs = np.exp(logits - log_norm[:, None])
     probs[np.arange(n), y] -= 1.0
     grad = Xb.T @ probs / n
@@ -112,9 +109,21 @@ def loss_and_grad(W: np.ndarray, Xb: np.ndarray, y: np.ndarray, l2: float = 0.0)
     return loss, grad
 
 
-def objective(W: np.ndarray, data: Dataset, l2: float = 0.0) -> float:
-    """The driver's objective: mean cross-entropy over the whole data set (plus the L2 term)."""
-    return loss_and_grad(W, with_bias(data.X), data.y, l2)[0]
+def _mean_cross_entropy(W: np.ndarray, Xb: np.ndarray, y: np.ndarray) -> tuple[float, np.ndarray, np.ndarray]:
+    """(mean cross-entropy, logits shifted by their row maximum, log of their softmax normaliser)."""
+    logits = Xb @ W
+    logits -= logits.max(axis=1, keepdims=True)
+    log_norm = np.log(np.exp(logits).sum(axis=1))
+    return float(np.mean(log_norm - logits[np.arange(Xb.shape[0]), y])), logits, log_norm
+
+
+def objective(W: np.ndarray, data: Dataset, l2: float = 0.0, Xb: np.ndarray | None = None) -> float:
+    """The driver's objective: mean cross-entropy over the whole data set (plus the L2 term) — the
+    loss of `loss_and_grad`, without the gradient. `Xb`: ``with_bias(data.X)``, if the caller keeps it."""
+    loss = _mean_cross_entropy(W, with_bias(data.X) if Xb is None else Xb, data.y)[0]
+    if l2:
+        loss += 0.5 * l2 * float(np.sum(W[:-1] ** 2))
+    return loss
 
 
 def batch_rows(num_rows: int, batch_size: int, iteration: int, seed: int, executor_id: int) -> np.ndarray:
@@ -191,12 +200,19 @@ class MLRDriver(Driver):
         self.counts: dict[int, int] = {}  # iteration -> tasks completed, for iterations >= completed
         self.stopped = False
         self.last_objective = math.nan
+        self._xb: np.ndarray | None = None  # with_bias(data.X) for the objective: not state
 
     def _data(self) -> Dataset:
         return load_classification(self.config)
 
+    def _objective(self, W: np.ndarray) -> float:
+        data = self._data()
+        if self._xb is None:
+            self._xb = with_bias(data.X)
+        return objective(W, data, self.cfg.l2, self._xb)
+
     def state_dict(self) -> Any:
-        return {k: v for k, v in vars(self).items() if k not in ("config", "cfg")}
+        return {k: v for k, v in vars(self).items() if k not in ("config", "cfg", "_xb")}
 
     def tables(self) -> Sequence[TableSpec]:
         data = self._data()
@@ -231,7 +247,7 @@ class MLRDriver(Driver):
                 continue
             last = self.completed >= self.cfg.iterations
             if self.completed % self.cfg.report_every == 0 or last:
-                self.last_objective = objective(self.current_weights(ctx), self._data(), self.cfg.l2)
+                self.last_objective = self._objective(self.current_weights(ctx))
                 ctx.report(iteration=self.completed, objective=self.last_objective)
                 reached = self.cfg.target_loss is not None and self.last_objective <= self.cfg.target_loss
                 if last or reached:
