@@ -38,8 +38,10 @@ from pollux.litz.records import (
 from pollux.litz.worker import LitzWorkerActor, SequentialWorkerActor
 
 #: Inline updates held back from the shards while every table travels with the batches: a commit is
-#: sent once they reach this many bytes (one message per shard for several iterations' keys).
-DEFERRED_COMMIT_BYTES = 64 * 1024
+#: sent once they reach this many bytes (one message per shard for many iterations' keys; 1 MiB
+#: against 64 KiB: 2.12–2.22 against 2.25–2.35 ms per synchronous MLR iteration, the shard's CPU
+#: a third).
+DEFERRED_COMMIT_BYTES = 1 << 20
 
 
 class ActorLost(LitzError):
