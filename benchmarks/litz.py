@@ -44,7 +44,7 @@ Sections:
   staleness costs loss per example (`ssp_objective_within_0_1pct_of_ddp`). The model converges
   within ~100 iterations, so an untimed s = 2 run counts the iterations to a loss on the way down
   (the synchronous objective after 60 iterations), which turns its examples/s ratio into a
-  time-to-loss ratio (`ssp_time_to_loss_ratio`, `pass_ssp`).
+  time-to-loss ratio (`ssp_time_to_loss_ratio`, `pass_ssp`); `pass` needs both ratios.
 """
 
 from __future__ import annotations
@@ -587,9 +587,10 @@ def vs_ddp(sz: Sizes, ddp: dict[str, Any]) -> dict[str, Any]:
         "target": {"ratio_min": 0.7},
         "pass_synchronous": bool(sync["ratio_vs_ddp"] >= 0.7),
         "pass_ssp": bool(ssp_time_ratio >= 0.7),
-        "pass": bool(ssp_time_ratio >= 0.7),
-        "pass_basis": "time to the same loss at s = 2 (Litz's SSP mode) against DDP; the synchronous "
-                      "(s = 0) examples/s ratio is `ratio`, its own flag `pass_synchronous`",
+        # the issue's figure is the examples/s ratio; the s = 2 time to loss does not stand in for it
+        "pass": bool(sync["ratio_vs_ddp"] >= 0.7 and ssp_time_ratio >= 0.7),
+        "pass_basis": "both: the synchronous (s = 0) examples/s ratio `ratio` (`pass_synchronous`) "
+                      "and the time to the same loss at s = 2 (`pass_ssp`)",
     }  # fmt: skip
 
 

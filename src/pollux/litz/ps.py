@@ -172,16 +172,14 @@ class PSShardActor:
         self,
         keys: list[FlushKey],
         commit_id: int,
-        inline: dict[FlushKey, list[StagedItem]] | bytes | None = None,
+        inline: bytes | None = None,
     ) -> int:
         """Apply the staged updates of `keys`, as commit number `commit_id` (in order). `inline`:
         updates of some of those keys that came back to the master with their batch's results
-        (`RuntimeConfig.inline_update_bytes`), this shard's rows of them (or them `pack`-ed, as the
-        master sends them); staged here first."""
+        (`RuntimeConfig.inline_update_bytes`), this shard's rows of them as a `pack`-ed
+        ``{key: [StagedItem, ...]}``; staged here first."""
         await self._await_commit(commit_id - 1)
-        staged: dict[FlushKey, list[StagedItem]] = (
-            unpack(inline) if isinstance(inline, bytes) else inline or {}
-        )
+        staged: dict[FlushKey, list[StagedItem]] = unpack(inline) if inline is not None else {}
         for key, items in staged.items():
             self.state.staged.setdefault(key, []).extend(items)
         applied = self.state.commit(keys)

@@ -282,7 +282,6 @@ class LitzWorkerActor:
         return task.task_id, value, error
 
 
-
 class SequentialWorkerActor:
     """A worker as a threaded Ray actor that runs one call at a time (`RuntimeConfig.
     sequential_workers`): each call runs the `LitzWorkerActor` coroutine to completion on the

@@ -106,13 +106,10 @@ def current_config(job: JobView, cluster: Cluster, node_index: dict[str, int],
     return types.pop(), gpus, nodes
 
 
-def _job_cap(job: JobView, limits: BatchLimits | None, factor: int) -> int:
+def _job_cap(job: JobView, limits: BatchLimits, factor: int) -> int:
     """Pollux's exploration cap with ``factor`` on a type (``limits`` of that type), raised to
     min_replicas."""
-    if limits is not None:
-        cap = exploration_cap(job.max_replicas_seen, limits, job.max_replicas, factor)
-    else:
-        cap = min(max(factor * int(job.max_replicas_seen), 1), int(job.max_replicas))
+    cap = exploration_cap(job.max_replicas_seen, limits, job.max_replicas, factor)
     if 0 < job.min_replicas <= job.max_replicas:
         cap = max(cap, int(job.min_replicas))
     return int(cap)
