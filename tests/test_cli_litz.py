@@ -225,10 +225,13 @@ def test_doc_example_on_ray_runtime_and_cli(capsys, kmeans, ray_cluster):
 
     ray = ray_cluster
     ray.cloudpickle.register_pickle_by_value(kmeans)
-    app = kmeans.kmeans_app(k=4, iterations=20, staleness=1)
-    rt = LitzRuntime(app, RuntimeConfig(num_executors=4, num_workers=2, num_shards=2))
-    rt.resize(num_workers=3)  # applied once the run starts
-    summary = rt.run()
+    try:
+        app = kmeans.kmeans_app(k=4, iterations=20, staleness=1)
+        rt = LitzRuntime(app, RuntimeConfig(num_executors=4, num_workers=2, num_shards=2))
+        rt.resize(num_workers=3)  # applied once the run starts
+        summary = rt.run()
+    finally:  # process-wide: later tests must not inherit it
+        ray.cloudpickle.unregister_pickle_by_value(kmeans)
     true_centres, points = kmeans.blobs(app.config)
     assert summary.final["iterations"] == 20
     assert summary.final["objective"] <= 1.05 * kmeans.inertia(points, true_centres)

@@ -22,6 +22,9 @@ class ParamCache:
         self.meta = tables
         self.values = {n: np.zeros(m.shape, dtype=m.dtype) for n, m in tables.items()}
         self.tags = {n: np.full(m.shape[0], -1, dtype=np.int64) for n, m in tables.items()}
+        # a lower bound of each table's tags (tags never decrease): a whole-table read at a version
+        # <= it hits without looking at the tags
+        self.floor = {n: -1 for n in tables}
         self.hits = 0
         self.misses = 0
 
@@ -52,9 +55,10 @@ class ParamCache:
         tags = self.tags[name]
         if int(tags.max()) > version:
             self.fill(name, np.arange(tags.size), values, version)
-            return
-        self.values[name][...] = values
-        tags[:] = version
+        else:
+            self.values[name][...] = values
+            tags[:] = version
+        self.floor[name] = max(self.floor[name], version)
 
     def read(self, name: str, rows: np.ndarray | None) -> np.ndarray:
         """Cached values: a read-only view of the whole table, or a copy of `rows`."""

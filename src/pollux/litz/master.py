@@ -371,7 +371,7 @@ class Master:
         batches: dict[int, list[TaskSpec]] = {}
         for task in self.pending:
             e = task.executor_id
-            spec = TaskSpec(task.task_id, e, self.next_seq[e], task.args, task.version)
+            spec = (task.task_id, e, self.next_seq[e], task.args, task.version)
             self.next_seq[e] += 1
             self.tasks[task.task_id] = task
             batches.setdefault(self.exec_worker[e], []).append(spec)
@@ -382,7 +382,7 @@ class Master:
             payload = pack((self.next_batch_id, specs, self.commit_id, push or None, self.version))
             run = self.workers[wid].run_batch
             ref = run.remote(payload) if layout is None else run.remote(payload, layout)
-            self.inflight[ref] = InFlight(wid, self.next_batch_id, [s.task_id for s in specs])
+            self.inflight[ref] = InFlight(wid, self.next_batch_id, [s[0] for s in specs])
             self.next_batch_id += 1
             self.summary.batches += 1
 

@@ -114,7 +114,8 @@ def _mean_cross_entropy(W: np.ndarray, Xb: np.ndarray, y: np.ndarray) -> tuple[f
     logits = Xb @ W
     logits -= logits.max(axis=1, keepdims=True)
     log_norm = np.log(np.exp(logits).sum(axis=1))
-    return float(np.mean(log_norm - logits[np.arange(Xb.shape[0]), y])), logits, log_norm
+    nll = log_norm - logits[np.arange(Xb.shape[0]), y]
+    return float(nll.sum() / nll.size), logits, log_norm  # = np.mean, bit for bit, without its overhead
 
 
 def objective(W: np.ndarray, data: Dataset, l2: float = 0.0, Xb: np.ndarray | None = None) -> float:
