@@ -199,9 +199,11 @@ def pack(obj: Any) -> bytes:
         data = pickle.dumps(obj, protocol=5)
     except (pickle.PicklingError, AttributeError, TypeError):
         return cloudpickle.dumps(obj, protocol=5)
-    by_value = ("__main__", *cloudpickle.list_registry_pickle_by_value())
-    if any(name.encode() in data for name in by_value):
+    if b"__main__" in data:
         return cloudpickle.dumps(obj, protocol=5)
+    for name in cloudpickle.list_registry_pickle_by_value():
+        if name.encode() in data:
+            return cloudpickle.dumps(obj, protocol=5)
     return data
 
 
