@@ -87,6 +87,30 @@ def test_cache_floor_lets_whole_reads_of_a_pushed_table_hit() -> None:
     assert cache.floor["t"] == 8 and cache.stale_rows("t", None, 8).size == 0
 
 
+def test_summing_drained_logs_equals_adding_them() -> None:
+    """The master sums the inline logs of a deferred commit (`UpdateLog.add_drained`): the same
+    rows and, up to rounding, the same deltas as applying each log in turn."""
+    from pollux.litz.cache import UpdateLog
+
+    rng = np.random.default_rng(3)
+    meta = {"t": TableMeta("t", (6, 2), "float64")}
+    summed, reference = UpdateLog(meta), np.zeros((6, 2))
+    for _ in range(20):
+        log = UpdateLog(meta)
+        if rng.random() < 0.5:
+            log.add("t", rng.normal(size=(6, 2)), None)  # whole table
+        else:
+            rows = rng.choice(6, size=3, replace=True)  # repeated rows are summed by the log
+            log.add("t", rng.normal(size=(3, 2)), rows)
+        for table, (rows, delta) in log.drain().items():
+            summed.add_drained(table, rows, delta)
+            reference[rows] += delta
+    rows, delta = summed.drain()["t"]
+    assert rows.tolist() == [0, 1, 2, 3, 4, 5]
+    np.testing.assert_allclose(delta, reference, rtol=1e-12, atol=1e-12)
+    assert summed.drain() == {}
+
+
 # ---------------------------------------------------------------------------------------- worker
 class _LogExecutor(Executor):
     """Records the order its tasks ran in; reads the whole table "x" and adds its args to it."""

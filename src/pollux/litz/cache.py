@@ -107,6 +107,22 @@ class UpdateLog:
             self.touched[name][rows] = True
         self.updates += 1
 
+    def add_drained(self, name: str, rows: np.ndarray, delta: np.ndarray) -> None:
+        """`add` of one table of another log's `drain` (rows unique and sorted), without `add`'s
+        checks and without ``np.add.at``: the master sums the inline logs of many batches so that
+        a commit carries one update per table, not one per batch."""
+        meta = self.meta[name]
+        if name not in self.delta:
+            self.delta[name] = np.zeros(meta.shape, dtype=meta.dtype)
+            self.touched[name] = np.zeros(meta.shape[0], dtype=bool)
+        if rows.size == meta.shape[0]:  # unique, sorted and all of them: every row, in order
+            self.delta[name] += delta
+            self.touched[name][:] = True
+        else:
+            self.delta[name][rows] += delta
+            self.touched[name][rows] = True
+        self.updates += 1
+
     def drain(self) -> dict[str, tuple[np.ndarray, np.ndarray]]:
         """{table: (touched rows, summed deltas)} and an empty log."""
         out = {}

@@ -23,6 +23,7 @@ import ray
 from ray.exceptions import RayActorError, RayError, RayTaskError
 
 from pollux.litz.api import Application, ApplicationError, LitzError, TaskResult
+from pollux.litz.cache import UpdateLog
 from pollux.litz.mirror import InlineLog, TableMirror
 from pollux.litz.ps import FlushKey, PSShardActor, StagedItem
 from pollux.litz.records import (
@@ -161,7 +162,10 @@ class Master:
         self.uncommitted_inline: dict[FlushKey, InlineLog] = {}
         # handled keys already in the mirror whose commit to the shards is put off (`send_pending`)
         self.unsent: list[FlushKey] = []
-        self.unsent_inline: dict[FlushKey, InlineLog] = {}
+        # their inline updates summed per table (one update per table and shard per commit, not one
+        # per batch: a deferred commit of ~100 iterations was a 1 MiB message of 200 small logs)
+        self.unsent_sum = UpdateLog(self.tables)
+        self.unsent_inline_key: FlushKey | None = None  # the last of them: the sum travels under it
         self.unsent_bytes = 0
         self.commit_id = 0
         self.commit_refs: list[Any] = []
@@ -279,10 +283,11 @@ class Master:
             if before is not None:
                 before(self)  # e.g. SCAR: its copies of rows must be taken before they change
             keys, self.unsent = self.unsent, []
-            inline, self.unsent_inline = self.unsent_inline, {}
+            summed, key = self.unsent_sum.drain(), self.unsent_inline_key
+            self.unsent_inline_key = None
             self.unsent_bytes = 0
             self.commit_id += 1
-            parts = self._inline_parts(inline)
+            parts = self._inline_parts({key: summed} if key is not None and summed else {})
             shards = self.layout.shards
             self.commit_refs += [
                 s.commit.remote(keys, self.commit_id, pack(parts[k]) if parts[k] else None)
@@ -296,8 +301,11 @@ class Master:
             inline, self.uncommitted_inline = self.uncommitted_inline, {}
             self.mirror.apply(keys, inline)
             self.unsent += keys
-            self.unsent_inline.update(inline)
-            self.unsent_bytes += sum(r.nbytes + d.nbytes for log in inline.values() for r, d in log.values())
+            for key, log in inline.items():  # handled order, as `keys`
+                for table, (rows, delta) in log.items():
+                    self.unsent_sum.add_drained(table, rows, delta)
+                    self.unsent_bytes += rows.nbytes + delta.nbytes
+                self.unsent_inline_key = key
 
     def _inline_parts(self, inline: dict[FlushKey, InlineLog]) -> list[dict[FlushKey, list[StagedItem]]]:
         """Inline updates split by owner shard under the current layout (whose shards hold their
