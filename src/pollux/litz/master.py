@@ -39,9 +39,10 @@ from pollux.litz.records import (
 from pollux.litz.worker import LitzWorkerActor, SequentialWorkerActor
 
 #: Inline updates held back from the shards while every table travels with the batches: a commit is
-#: sent once they reach this many bytes (one message per shard for many iterations' keys; 1 MiB
-#: against 64 KiB: 2.12–2.22 against 2.25–2.35 ms per synchronous MLR iteration, the shard's CPU
-#: a third).
+#: sent once the logs handled since the last one reach this many bytes (one message per shard for
+#: many iterations' keys, their updates summed per table; 1 MiB against 64 KiB: 2.12–2.22 against
+#: 2.25–2.35 ms per synchronous MLR iteration, the shard's CPU a third). It bounds how far the
+#: shards lag behind the mirror, not the message, which the sum keeps at one table's size.
 DEFERRED_COMMIT_BYTES = 1 << 20
 
 
