@@ -88,9 +88,7 @@ class UpdateLog:
         if name not in self.meta:
             raise KeyError(f"PS table {name!r} does not exist; tables: {sorted(self.meta)}")
         meta = self.meta[name]
-        if name not in self.delta:
-            self.delta[name] = np.zeros(meta.shape, dtype=meta.dtype)
-            self.touched[name] = np.zeros(meta.shape[0], dtype=bool)
+        self._allocate(name)
         delta = np.asarray(delta)
         if rows is None:
             if delta.shape != meta.shape:
@@ -111,17 +109,21 @@ class UpdateLog:
         """`add` of one table of another log's `drain` (rows unique and sorted), without `add`'s
         checks and without ``np.add.at``: the master sums the inline logs of many batches so that
         a commit carries one update per table, not one per batch."""
-        meta = self.meta[name]
-        if name not in self.delta:
-            self.delta[name] = np.zeros(meta.shape, dtype=meta.dtype)
-            self.touched[name] = np.zeros(meta.shape[0], dtype=bool)
-        if rows.size == meta.shape[0]:  # unique, sorted and all of them: every row, in order
+        self._allocate(name)
+        if rows.size == self.meta[name].shape[0]:  # unique, sorted and all of them: every row, in order
             self.delta[name] += delta
             self.touched[name][:] = True
         else:
             self.delta[name][rows] += delta
             self.touched[name][rows] = True
         self.updates += 1
+
+    def _allocate(self, name: str) -> None:
+        """A table's summed deltas and touched rows, allocated on its first update."""
+        if name not in self.delta:
+            meta = self.meta[name]
+            self.delta[name] = np.zeros(meta.shape, dtype=meta.dtype)
+            self.touched[name] = np.zeros(meta.shape[0], dtype=bool)
 
     def drain(self) -> dict[str, tuple[np.ndarray, np.ndarray]]:
         """{table: (touched rows, summed deltas)} and an empty log."""

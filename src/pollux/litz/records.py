@@ -55,9 +55,10 @@ class RuntimeConfig:
     (a task's read of a lost shard is then what stops the job before more commits land elsewhere).
 
     `sequential_workers` (default): a worker is a threaded Ray actor running one call at a time, a
-    batch's micro-tasks overlapping on its own event loop (`pollux.litz.worker.SequentialWorkerActor`:
-    less Ray overhead per batch). False: an async actor with `max_concurrency` concurrent calls, so a
-    batch can also start while an earlier one still waits on PS reads. Shards are async actors with
+    batch's micro-tasks overlapping their shard reads on its own event loop
+    (`pollux.litz.worker.SequentialWorkerActor`: less Ray overhead per batch). False: an async
+    actor with `max_concurrency` concurrent calls, so a batch can also start while an earlier one
+    still waits on PS reads. Shards are async actors with
     `max_concurrency` either way.
     """
 

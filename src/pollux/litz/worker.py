@@ -2,7 +2,8 @@
 
 A worker receives *batches* of micro-tasks from the master (one Ray call per worker per dispatch
 round, not one per task). Each task runs as a coroutine on the worker's event loop, so a task that
-waits on a PS read yields to the others (by default a worker runs one batch at a time,
+waits on a PS read yields to the others (a batch whose tables all came with it, so that no read
+waits, runs its tasks one after another; by default a worker runs one batch at a time,
 `SequentialWorkerActor`; as an async actor, batches overlap too). Tasks of one executor run one at
 a time in dispatch order (`seq`), which is also what makes moving an executor safe:
 `release_executor` waits until the executor's last task sent here has run, then hands its state
@@ -219,8 +220,9 @@ class LitzWorkerActor:
         stats = {"hits": 0.0, "misses": 0.0, "ps_wait_s": 0.0}
         start = time.perf_counter()
         if len(tasks) == 1 or self._reads_all_local(push):
-            # In order, without an event-loop task each (~10 µs a task of the over-partitioning
-            # benchmark's ~30 µs): nothing to overlap when every read hits the pushed tables.
+            # In order, without an event-loop task each: nothing to overlap when every read hits
+            # the pushed tables (with the lock-free turn in `_run_one`, ~11 of the ~29 µs a task
+            # used to cost in the over-partitioning benchmark's batches).
             results = [await self._run_one(t, log, stats, min_commit) for t in tasks]
         else:  # cooperatively: a task waiting on a shard read yields to the others
             results = await asyncio.gather(*[self._run_one(t, log, stats, min_commit) for t in tasks])
@@ -313,8 +315,8 @@ class LitzWorkerActor:
 class SequentialWorkerActor:
     """A worker as a threaded Ray actor that runs one call at a time (`RuntimeConfig.
     sequential_workers`): each call runs the `LitzWorkerActor` coroutine to completion on the
-    worker's own event loop, so a batch's micro-tasks still overlap their PS reads, but a batch
-    starts only when the previous call has returned.
+    worker's own event loop, so a batch's micro-tasks still overlap the PS reads they wait on, but a
+    batch starts only when the previous call has returned.
 
     Why: Ray's async-actor path (a call handed to the actor's event-loop thread and its result
     handed back) costs more CPU per call than a threaded actor's: on the 2-core VM two round trips

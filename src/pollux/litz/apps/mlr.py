@@ -105,9 +105,14 @@ def loss_and_grad(W: np.ndarray, Xb: np.ndarray, y: np.ndarray, l2: float = 0.0)
     probs[np.arange(n), y] -= 1.0
     grad = Xb.T @ probs / n
     if l2:
-        loss += 0.5 * l2 * float(np.sum(W[:-1] ** 2))
+        loss += _l2_term(W, l2)
         grad[:-1] += l2 * W[:-1]
     return loss, grad
+
+
+def _l2_term(W: np.ndarray, l2: float) -> float:
+    """`l2/2 * ||W[:-1]||²` (the bias row is not regularised)."""
+    return 0.5 * l2 * float(np.sum(W[:-1] ** 2))
 
 
 def _mean_cross_entropy(W: np.ndarray, Xb: np.ndarray, y: np.ndarray) -> tuple[float, np.ndarray, np.ndarray]:
@@ -123,17 +128,20 @@ def objective(W: np.ndarray, data: Dataset, l2: float = 0.0, Xb: np.ndarray | No
     """The driver's objective: mean cross-entropy over the whole data set (plus the L2 term) — the
     loss of `loss_and_grad`, without the gradient. `Xb`: ``with_bias(data.X)``, if the caller keeps it."""
     loss = _mean_cross_entropy(W, with_bias(data.X) if Xb is None else Xb, data.y)[0]
-    if l2:
-        loss += 0.5 * l2 * float(np.sum(W[:-1] ** 2))
-    return loss
+    return loss + _l2_term(W, l2) if l2 else loss
 
 
 def batch_rows(num_rows: int, batch_size: int, iteration: int, seed: int, executor_id: int) -> np.ndarray:
     """Rows (of an executor's partition) of its mini-batch at `iteration`: a seeded permutation per
     epoch, cut into floor(num_rows / batch_size) batches (the tail of each epoch is dropped)."""
-    per_epoch = max(1, num_rows // batch_size)
-    epoch, j = divmod(iteration, per_epoch)
-    return epoch_permutation(num_rows, seed, executor_id, epoch)[j * batch_size : (j + 1) * batch_size]
+    epoch, part = epoch_and_slice(num_rows, batch_size, iteration)
+    return epoch_permutation(num_rows, seed, executor_id, epoch)[part]
+
+
+def epoch_and_slice(num_rows: int, batch_size: int, iteration: int) -> tuple[int, slice]:
+    """The epoch of `iteration` and the slice of that epoch's permutation that is its batch."""
+    epoch, j = divmod(iteration, max(1, num_rows // batch_size))
+    return epoch, slice(j * batch_size, (j + 1) * batch_size)
 
 
 def epoch_permutation(num_rows: int, seed: int, executor_id: int, epoch: int) -> np.ndarray:
@@ -156,11 +164,10 @@ class MLRExecutor(Executor):
 
     def batch_rows(self, num_rows: int, iteration: int) -> np.ndarray:
         """`batch_rows` with the epoch's permutation drawn once per epoch, not once per task."""
-        batch = self.cfg.batch_size
-        epoch, j = divmod(iteration, max(1, num_rows // batch))
+        epoch, part = epoch_and_slice(num_rows, self.cfg.batch_size, iteration)
         if self._perm is None or self._perm[0] != epoch:
             self._perm = (epoch, epoch_permutation(num_rows, self.cfg.seed, self.executor_id, epoch))
-        return self._perm[1][j * batch : (j + 1) * batch]
+        return self._perm[1][part]
 
     def load_input(self) -> tuple[np.ndarray, np.ndarray]:
         data = load_classification(self.config)
