@@ -112,11 +112,17 @@ def test_sigkill_of_a_worker_then_a_shard_recovers_from_checkpoints(cluster, tmp
     np.testing.assert_allclose(_trajectory(summary), ref, rtol=1e-6, atol=0)
 
 
-def test_resizes_with_tasks_in_flight_keep_executor_order(cluster):
+@pytest.mark.parametrize(
+    "transport",
+    [{}, {"sequential_workers": False}, {"direct_channel": False}],
+    ids=["channel", "channel-overlapping-batches", "ray-calls"],
+)
+def test_resizes_with_tasks_in_flight_keep_executor_order(cluster, transport):
     # staleness 1: tasks are running while executors and rows move; each executor's state counts
-    # its tasks and the driver checks the count, so a lost, repeated or reordered task fails the run
+    # its tasks and the driver checks the count, so a lost, repeated or reordered task fails the run.
+    # Over the channel, batches and the Ray calls that move executors race on the worker's loop.
     app = h.lsq_app(iterations=40, staleness=1)
-    cfg = h.config(num_executors=6, num_workers=2, num_shards=2, task_floor_s=0.015)
+    cfg = h.config(num_executors=6, num_workers=2, num_shards=2, task_floor_s=0.015, **transport)
     node = ray.get_runtime_context().get_node_id()
     steps = [  # onto 3 workers on given Ray nodes: all new, as the first 2 had no node asked for
         lambda rt: rt.resize(node_ids=[node] * 3),

@@ -150,8 +150,15 @@ def test_staleness_gets_cache_hits_and_converges(cluster):
 
 @pytest.mark.parametrize(
     "hops",
-    [{}, {"push_table_bytes": 0}, {"inline_update_bytes": 0}, {"sequential_workers": False}],
-    ids=["inline+push", "inline", "staged", "async-workers"],
+    [
+        {},
+        {"push_table_bytes": 0},
+        {"inline_update_bytes": 0},
+        {"sequential_workers": False},
+        {"direct_channel": False},
+        {"direct_channel": False, "sequential_workers": False},
+    ],
+    ids=["inline+push", "inline", "staged", "overlapping-batches", "ray-calls", "ray-calls-async"],
 )
 def test_dependency_guarantee(cluster, hops):
     # each task is dispatched after the previous one's completion, alternating workers: it must

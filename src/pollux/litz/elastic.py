@@ -75,6 +75,7 @@ def resize_workers(m: Master, num_workers: int | None = None, node_ids: list[str
             new.append(m.make_worker(node))
     except Exception as err:  # e.g. a malformed node id: the job goes on as it was
         for w in new:
+            m.forget_worker(w)
             ray.kill(m.workers.pop(w), no_restart=True)
             m.worker_node.pop(w, None)
             m.worker_layout.pop(w, None)
@@ -153,6 +154,8 @@ def _new_workers_ready(m: Master, item: dict[str, Any]) -> bool:
             raise TimeoutError(f"not running after {waited:.0f} s (RuntimeConfig.worker_start_timeout_s)")
         pids = ray.get(starting)
     except (RayError, TimeoutError) as err:
+        for w in item["new"]:
+            m.forget_worker(w)
         handles = [m.workers.pop(w) for w in item["new"]]
         for h in handles:
             ray.kill(h, no_restart=True)
@@ -184,6 +187,8 @@ def advance_resizes(m: Master) -> None:
         leaving = item["leaving"]
         if any(info.worker_id in leaving for info in m.inflight.values()):
             continue
+        for w in leaving:
+            m.forget_worker(w)
         handles = [m.workers.pop(w) for w in leaving]
         for h in handles:
             ray.kill(h, no_restart=True)

@@ -8,11 +8,15 @@ sends next see those updates (§4.3); it sends one batch per worker. Small updat
 with their results and ride inside the commit (`RuntimeConfig.inline_update_bytes`). Because
 updates become visible only at a commit, and commits happen only when the driver sends new work or
 reads the PS, a driver at staleness 0 computes the same thing whatever the number of workers and
-the timing.
+the timing. Batches go to the workers and come back over each worker's direct channel
+(`pollux.litz.channel`, `RuntimeConfig.direct_channel`), in flight under their batch id; a batch
+that carries a new PS layout, and every batch without the channel, is a Ray call instead, in
+flight under its ObjectRef.
 """
 
 from __future__ import annotations
 
+import secrets
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -24,6 +28,7 @@ from ray.exceptions import RayActorError, RayError, RayTaskError
 
 from pollux.litz.api import Application, ApplicationError, LitzError, TaskResult
 from pollux.litz.cache import UpdateLog
+from pollux.litz.channel import ChannelClient, ChannelClosed, readable
 from pollux.litz.mirror import InlineLog, TableMirror
 from pollux.litz.ps import FlushKey, PSShardActor, StagedItem
 from pollux.litz.records import (
@@ -147,7 +152,14 @@ class Master:
         push_bytes = cfg.push_table_bytes if cfg.fault_tolerance is None else 0
         self.mirror = TableMirror(self.tables, push_bytes)
         self.push_tables: set[str] = set()  # tables tasks read whole (pushed with every batch)
-        self._worker_cls = ray.remote(SequentialWorkerActor if cfg.sequential_workers else LitzWorkerActor)
+        # with the direct channel a worker is an async actor: the batches it reads from its socket
+        # and the Ray calls that move executors share its event loop (see `open_channel`)
+        sequential = cfg.sequential_workers and not cfg.direct_channel
+        self._worker_cls = ray.remote(SequentialWorkerActor if sequential else LitzWorkerActor)
+        self._token = secrets.token_bytes(32)
+        self.channels: dict[int, ChannelClient] = {}
+        self._channel_refs: dict[int, Any] = {}  # worker -> ref of its open_channel's (host, port)
+        self._sentinels: dict[Any, int] = {}  # ref of a worker's `watch` -> worker
         self._shard_cls = ray.remote(PSShardActor)
 
     def _reset_run_state(self) -> None:
@@ -214,9 +226,9 @@ class Master:
         self.next_worker_id += 1
         self.worker_node[wid] = node
         opts = _options(self.cfg, node)
-        if self.cfg.sequential_workers:
+        if self.cfg.sequential_workers and not self.cfg.direct_channel:
             opts["max_concurrency"] = 1  # one call at a time, in the order sent
-        handle = self._worker_cls.options(**opts).remote(
+        handle: Any = self._worker_cls.options(**opts).remote(
             wid,
             self.app,
             self.cfg.num_executors,
@@ -227,7 +239,31 @@ class Master:
         )
         self.workers[wid] = handle
         self.worker_layout[wid] = self.layout.layout_id
+        if self.cfg.direct_channel:
+            self._channel_refs[wid] = handle.open_channel.remote(self._token, not self.cfg.sequential_workers)
         return wid
+
+    def _channel(self, wid: int) -> ChannelClient:
+        """Worker `wid`'s channel, connected on first use (its actor has started by then)."""
+        ch = self.channels.get(wid)
+        if ch is None:
+            host, port = self.get(self._channel_refs.pop(wid))
+            try:
+                ch = ChannelClient((host, int(port)), self._token)
+            except OSError as err:
+                raise ActorLost(f"worker {wid}: cannot connect to {host}:{port}: {err}") from err
+            self.channels[wid] = ch
+            self._sentinels[self.workers[wid].watch.remote()] = wid  # watched once it runs
+        return ch
+
+    def forget_worker(self, wid: int) -> None:
+        """Close worker `wid`'s channel and stop watching it (before its actor is killed)."""
+        ch = self.channels.pop(wid, None)
+        if ch is not None:
+            ch.close()
+        self._channel_refs.pop(wid, None)
+        for ref in [r for r, w in self._sentinels.items() if w == wid]:
+            del self._sentinels[ref]
 
     def place_executors(self, states: Mapping[int, tuple[Any, int]] | None = None) -> None:
         """Spread all executors over the workers in contiguous balanced blocks, loading inputs."""
@@ -267,6 +303,8 @@ class Master:
         handles = list(self.workers.values()) + list(self.layout.shards) + [h for _, h in self.retired_shards]
         handles += [h for item in self.shard_resizes for h in item["new"]]
         self.shard_resizes.clear()
+        for wid in list(self.workers):
+            self.forget_worker(wid)
         for h in handles:
             ray.kill(h, no_restart=True)
         wait_dead(handles)
@@ -388,12 +426,22 @@ class Master:
         for wid, specs in batches.items():
             layout = self.layout if self.worker_layout[wid] < self.layout.layout_id else None
             self.worker_layout[wid] = self.layout.layout_id
-            payload = pack((self.next_batch_id, specs, self.commit_id, push or None, self.version))
-            run = self.workers[wid].run_batch
-            ref = run.remote(payload) if layout is None else run.remote(payload, layout)
-            self.inflight[ref] = InFlight(wid, self.next_batch_id, [s[0] for s in specs])
+            bid = self.next_batch_id
+            payload = pack((bid, specs, self.commit_id, push or None, self.version))
             self.next_batch_id += 1
             self.summary.batches += 1
+            info = InFlight(wid, bid, [s[0] for s in specs])
+            if self.cfg.direct_channel and layout is None:
+                # in flight under its batch id (an int; a Ray call's is its ObjectRef)
+                self.inflight[bid] = info
+                try:
+                    self._channel(wid).send(payload)
+                except ChannelClosed as err:
+                    raise ActorLost(f"worker {wid}: {err}") from err
+            else:  # a new layout (holding actor handles) goes as a Ray call, as without the channel
+                run = self.workers[wid].run_batch
+                ref = run.remote(payload) if layout is None else run.remote(payload, layout)
+                self.inflight[ref] = info
 
     def wait_completions(self, timeout: float) -> int:
         """Handle every batch that is back within `timeout`; returns the tasks completed."""
@@ -401,18 +449,15 @@ class Master:
         if not self.inflight:
             time.sleep(min(timeout, 0.01))
             return 0
-        refs = list(self.inflight)
-        ready, _ = ray.wait(refs, num_returns=1, timeout=timeout)
-        if not ready:
-            return 0
-        ready, _ = ray.wait(refs, num_returns=len(refs), timeout=0)
-        ready.sort(key=lambda r: self.inflight[r].batch_id)
+        ready = self._ready_results(timeout)
+        ready.sort(key=lambda r: r[0])
         done = 0
-        for ref in ready:
-            if ref not in self.inflight:
+        for _, key, out in ready:
+            if key not in self.inflight:
                 continue  # a recovery during this loop took it back (its tasks are queued again)
-            self.inflight.pop(ref)
-            out = unpack(self.get(ref))
+            self.inflight.pop(key)
+            if out is None:
+                out = unpack(self.get(key))
             if out["key"] is not None:
                 self.uncommitted.append(out["key"])
                 if out.get("inline") is not None:
@@ -437,6 +482,83 @@ class Master:
                     result = TaskResult(task.executor_id, task.args, value, task.version)
                     self.driver.handle_task_completion(self.ctx, result)
         return done
+
+    def _ready_results(self, timeout: float) -> list[tuple[int, Any, dict[str, Any] | None]]:
+        """(batch id, in-flight key, result) of every batch back within `timeout`: results read
+        from channels come unpacked, those of Ray calls as None (fetched by the caller)."""
+        refs = [k for k in self.inflight if not isinstance(k, int)]
+        chans = {self.channels[i.worker_id] for k, i in self.inflight.items() if isinstance(k, int)}
+        if not chans:
+            ready, _ = ray.wait(refs, num_returns=1, timeout=timeout)
+            if not ready:
+                return []
+            ready, _ = ray.wait(refs, num_returns=len(refs), timeout=0)
+            return [(self.inflight[r].batch_id, r, None) for r in ready]
+        deadline = time.monotonic() + timeout
+        while True:
+            left = deadline - time.monotonic()
+            # with Ray calls in flight as well (rare: a batch carrying a new layout), poll both
+            out = self._channel_results(chans, min(left, 0.002) if refs else left)
+            if refs:
+                got, _ = ray.wait(refs, num_returns=len(refs), timeout=0)
+                out += [(self.inflight[r].batch_id, r, None) for r in got]
+            if out or left <= 0:
+                return out
+
+    def _channel_results(
+        self, chans: set[ChannelClient], timeout: float
+    ) -> list[tuple[int, Any, dict[str, Any] | None]]:
+        out: list[tuple[int, Any, dict[str, Any] | None]] = []
+        wid_of = {ch: w for w, ch in self.channels.items()}
+        ready = readable(chans, timeout)
+        if not ready:
+            self._check_sentinels()
+        while ready:
+            for ch in ready:
+                try:
+                    res = unpack(ch.receive())
+                except ChannelClosed as err:
+                    raise ActorLost(f"worker {wid_of.get(ch)}: {err}") from err
+                if res["batch_id"] not in self.inflight:
+                    continue  # given up by a recovery (its tasks were queued again): dropped
+                if "error" in res:
+                    msg = f"worker {wid_of.get(ch)}, batch {res['batch_id']}: {res['message']}"
+                    if res["error"] == "lost":
+                        raise ActorLost(msg)
+                    if res["error"] == "litz":
+                        raise LitzError(msg)
+                    raise LitzError(f"{self.app.name}: a Litz actor failed: {msg}")
+                out.append((int(res["batch_id"]), int(res["batch_id"]), res))
+            ready = readable(chans, 0.0)  # whatever else is already here
+        return out
+
+    def _check_sentinels(self) -> None:
+        """Raise `ActorLost` if Ray reports a worker dead (a lost node need not close its socket)."""
+        if self._sentinels:
+            gone, _ = ray.wait(list(self._sentinels), num_returns=1, timeout=0)
+            if gone:
+                wid = self._sentinels.pop(gone[0])
+                self.get(gone[0])  # raises for a dead actor
+                raise ActorLost(f"worker {wid}: its watch returned")
+
+    def await_inflight(self, timeout: float) -> None:
+        """Wait at most `timeout` until every in-flight batch is back or failed, handling none of
+        them (a recovery then queues their tasks again; results that come later are dropped)."""
+        deadline = time.monotonic() + timeout
+        refs = [k for k in self.inflight if not isinstance(k, int)]
+        if refs:
+            ray.wait(refs, num_returns=len(refs), timeout=timeout)
+        waiting = {k for k in self.inflight if isinstance(k, int)}
+        while waiting and time.monotonic() < deadline:
+            wid_of = {ch: w for w, ch in self.channels.items()}
+            chans = {self.channels[self.inflight[k].worker_id] for k in waiting}
+            for ch in readable(chans, deadline - time.monotonic()):
+                try:
+                    res = unpack(ch.receive())
+                except ChannelClosed:  # a lost worker: nothing more comes (the next send says so)
+                    waiting = {k for k in waiting if self.inflight[k].worker_id != wid_of[ch]}
+                    continue
+                waiting.discard(res.get("batch_id"))
 
     def oldest_inflight_batch(self) -> int:
         return min((i.batch_id for i in self.inflight.values()), default=self.next_batch_id)

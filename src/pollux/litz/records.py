@@ -54,12 +54,16 @@ class RuntimeConfig:
     synchronous iteration instead of two. 0 turns it off; so does a `fault_tolerance` controller
     (a task's read of a lost shard is then what stops the job before more commits land elsewhere).
 
-    `sequential_workers` (default): a worker is a threaded Ray actor running one call at a time, a
-    batch's micro-tasks overlapping their shard reads on its own event loop
-    (`pollux.litz.worker.SequentialWorkerActor`: less Ray overhead per batch). False: an async
-    actor with `max_concurrency` concurrent calls, so a batch can also start while an earlier one
-    still waits on PS reads. Shards are async actors with
-    `max_concurrency` either way.
+    `direct_channel` (default): batches and their results travel over a TCP connection from the
+    master to each worker (`pollux.litz.channel`; a Ray actor call costs about 15 times a loopback
+    socket's round trip), the rest over Ray; workers are then async actors. False: batches are Ray
+    calls too.
+    `sequential_workers` (default): a worker runs one batch at a time, in the order sent, a
+    batch's micro-tasks overlapping their shard reads on its event loop (without the channel, as a
+    threaded Ray actor running one call at a time, `pollux.litz.worker.SequentialWorkerActor`:
+    less Ray overhead per batch than an async actor's). False: up to `max_concurrency` batches at
+    once, so a batch can also start while an earlier one still waits on PS reads. Shards are async
+    actors with `max_concurrency` either way.
     """
 
     num_executors: int = 4
@@ -74,6 +78,7 @@ class RuntimeConfig:
     worker_num_cpus: float = 0.0
     max_concurrency: int = 1000
     sequential_workers: bool = True
+    direct_channel: bool = True
     max_recoveries: int = 3
     worker_start_timeout_s: float = 120.0
     stall_timeout_s: float = 600.0
@@ -208,6 +213,6 @@ def pack(obj: Any) -> bytes:
     return data
 
 
-def unpack(data: bytes) -> Any:
+def unpack(data: bytes | bytearray) -> Any:
     """The object `pack` pickled (its arrays are fresh and writable)."""
     return pickle.loads(data)

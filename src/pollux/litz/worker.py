@@ -1,10 +1,13 @@
 """Worker actors: many executors per worker, micro-tasks run as coroutines (thesis §4.4).
 
-A worker receives *batches* of micro-tasks from the master (one Ray call per worker per dispatch
-round, not one per task). Each task runs as a coroutine on the worker's event loop, so a task that
-waits on a PS read yields to the others (a batch whose tables all came with it, so that no read
-waits, runs its tasks one after another; by default a worker runs one batch at a time,
-`SequentialWorkerActor`; as an async actor, batches overlap too). Tasks of one executor run one at
+A worker receives *batches* of micro-tasks from the master (one message per worker per dispatch
+round, not one per task: by default over the master's direct channel, `open_channel` and
+`pollux.litz.channel`, otherwise as a `run_batch` Ray call). Each task runs as a coroutine on the
+worker's event loop, so a task that waits on a PS read yields to the others (a batch whose tables
+all came with it, so that no read waits, runs its tasks one after another). By default a worker
+runs one batch at a time (without the channel as a threaded actor, `SequentialWorkerActor`);
+otherwise batches overlap too. Over the channel, the Ray calls that add and release executors
+run on the same event loop as the batches. Tasks of one executor run one at
 a time in dispatch order (`seq`), which is also what makes moving an executor safe:
 `release_executor` waits until the executor's last task sent here has run, then hands its state
 (and, on scale-out, its input) on.
@@ -26,7 +29,8 @@ from typing import Any
 import numpy as np
 from ray.exceptions import RayError
 
-from pollux.litz.api import Application, Executor
+from pollux.litz import channel
+from pollux.litz.api import Application, Executor, LitzError
 from pollux.litz.cache import ParamCache, UpdateLog
 from pollux.litz.records import Layout, TableMeta, TaskSpec, pack, unpack
 
@@ -98,6 +102,7 @@ class LitzWorkerActor:
         self._fetch_locks: dict[str, asyncio.Lock] = {}
         self._node_clock = 0.0
         self.full_reads: set[str] = set()  # tables some task read whole: the master pushes them
+        self._channel_server: asyncio.AbstractServer | None = None
 
     # ------------------------------------------------------------------ plumbing
     def pid(self) -> int:
@@ -109,6 +114,41 @@ class LitzWorkerActor:
     def set_layout(self, layout: Layout) -> None:
         if layout.layout_id > self.layout.layout_id:
             self.layout = layout
+
+    # ------------------------------------------------------------------ the master's channel
+    async def open_channel(self, token: bytes, overlap: bool) -> tuple[str, int]:
+        """Listen for the master's direct connection (`pollux.litz.channel`) on this node's IP;
+        returns (host, port). Batches that come that way run like `run_batch` calls, one at a
+        time in arrival order (with `overlap`, concurrently, as an async actor's calls would)."""
+        import ray
+
+        host = ray.util.get_node_ip_address()
+        server = await asyncio.start_server(
+            lambda r, w: channel.serve(r, w, token, self._channel_batch, overlap), host, 0
+        )
+        self._channel_server = server  # kept: the server lives as long as the actor
+        addr = server.sockets[0].getsockname()
+        return str(addr[0]), int(addr[1])
+
+    async def watch(self) -> None:
+        """Returns only when the actor dies (with an error): the master's way to notice a worker
+        lost without its socket closing (a lost node)."""
+        await asyncio.Event().wait()
+
+    async def _channel_batch(self, message: bytes) -> bytes:
+        """One batch from the channel: `run_batch`'s result with its batch id, or the error that
+        stopped it (a lost shard: "lost"; the runtime's own: "litz"; anything else: "other")."""
+        batch_id = -1
+        try:
+            batch_id, tasks, min_commit, push, push_version = unpack(message)
+            out = await self._run_batch(batch_id, tasks, None, min_commit, push, push_version)
+        except RayError as err:
+            return pack({"batch_id": batch_id, "error": "lost", "message": str(err)})
+        except Exception as err:
+            kind = "litz" if isinstance(err, LitzError) else "other"
+            return pack({"batch_id": batch_id, "error": kind, "message": f"{type(err).__name__}: {err}"})
+        out["batch_id"] = batch_id
+        return pack(out)
 
     # ------------------------------------------------------------------ executors
     async def add_executor(self, executor_id: int, package: dict[str, Any]) -> int:

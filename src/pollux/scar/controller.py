@@ -318,9 +318,7 @@ class ScarController:
         """Wait for in-flight batches (they may have failed), queue their tasks again, drop commits
         that cannot complete. Returns the number of tasks queued again."""
         timeout = self.config.detect_timeout_s
-        refs = list(m.inflight)
-        if refs:
-            ray.wait(refs, num_returns=len(refs), timeout=timeout)
+        m.await_inflight(timeout)
         again = [PendingTask(t.task_id, t.executor_id, t.args, t.version) for t in m.tasks.values()]
         again.sort(key=lambda t: t.task_id)
         m.pending = again + list(m.pending)
