@@ -7,6 +7,7 @@ whatever the timing.
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 import numpy as np
@@ -180,16 +181,25 @@ def test_resize_onto_a_node_that_cannot_host_workers_is_cancelled(cluster):
 
 def test_stop_with_a_checkpoint_then_resume_on_other_workers_continues_the_computation(cluster, tmp_path):
     """How a preempted job leaves and comes back (the ordinary, non-elastic path): stop with a
-    checkpoint mid-run, then new runs on 1 and then 3 workers resume from it; at s = 0 the joined
-    trajectory is the uninterrupted one."""
+    checkpoint mid-run, then new runs resume from it on other workers; at s = 0 the joined
+    trajectory is the uninterrupted one. The first stop lands between iterations (nothing in
+    flight). The second comes a few ms after a report, on 2 workers holding 2 and 1 of the 3
+    executors: the master takes it when the 1-task batch is back, while the 2-task batch still runs,
+    and the driver must still see that batch's completions, or the resumed run waits for them
+    forever (it did until the drain handed them to the driver)."""
     app = h.lsq_app(iterations=30)
-    ref = h.lsq_reference(4, dict(app.config))
+    ref = h.lsq_reference(3, dict(app.config))
+
+    def stop_later(rt: LitzRuntime) -> None:
+        timer = threading.Timer(0.005, lambda: rt.stop(checkpoint=True))
+        timer.daemon = True
+        timer.start()
+
     runs = []
-    for workers, stop_at in ((2, 8), (1, 18), (3, None)):
-        cfg = h.config(num_executors=4, num_workers=workers, num_shards=2, task_floor_s=0.01,
+    for workers, action in ((1, {8: lambda rt: rt.stop(checkpoint=True)}), (2, {18: stop_later}), (3, {})):
+        cfg = h.config(num_executors=3, num_workers=workers, num_shards=2, task_floor_s=0.02,
                        checkpoint_dir=str(tmp_path), resume=bool(runs))
-        at = {} if stop_at is None else {stop_at: lambda rt: rt.stop(checkpoint=True)}
-        summary = _run(app, cfg, at)
+        summary = _run(app, cfg, action)
         runs.append(summary)
     first, second, last = runs
     assert first.stopped and not first.resumed and second.stopped and second.resumed and last.resumed
@@ -200,3 +210,20 @@ def test_stop_with_a_checkpoint_then_resume_on_other_workers_continues_the_compu
     assert iters[-1] == 30 and sorted(set(iters)) == list(range(1, 31)), iters
     by_iter = {m["iteration"]: m["objective"] for r in runs for m in r.metrics}
     np.testing.assert_allclose([by_iter[i] for i in range(1, 31)], ref, rtol=1e-6, atol=0)
+
+
+def test_a_driver_that_finishes_while_a_stop_drains_ends_the_job(cluster, tmp_path):
+    """The stop comes while the last iteration runs: its completions finish the driver during the
+    drain, so the job is done — not stopped, and no stop checkpoint for a resume to start from."""
+    app = h.lsq_app(iterations=5)
+    cfg = h.config(num_executors=3, num_workers=2, num_shards=1, task_floor_s=0.02,
+                   checkpoint_dir=str(tmp_path))
+
+    def stop_later(rt: LitzRuntime) -> None:
+        timer = threading.Timer(0.005, lambda: rt.stop(checkpoint=True))
+        timer.daemon = True
+        timer.start()
+
+    summary = _run(app, cfg, {4: stop_later})
+    assert summary.final["iterations"] == 5 and not summary.stopped
+    assert summary.checkpoints_saved == 1  # the one at the start only

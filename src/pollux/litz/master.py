@@ -103,6 +103,7 @@ class _Context:
 
     def finish(self, result: Mapping[str, Any] | None = None) -> None:
         self._m.finished = True
+        self._m.driver_finished = True
         self._m.summary.final = dict(result or {})
 
 
@@ -182,7 +183,8 @@ class Master:
         self.unsent_bytes = 0
         self.commit_id = 0
         self.commit_refs: list[Any] = []
-        self.finished = False
+        self.finished = False  # no more dispatch: the driver finished, or the run is stopping
+        self.driver_finished = False  # the driver called finish(): completions no longer go to it
 
     # ------------------------------------------------------------------ actors
     def make_shards(self, num_shards: int, values: Mapping[str, np.ndarray] | None = None) -> None:
@@ -478,7 +480,9 @@ class Master:
                 self.version += 1
                 self.summary.tasks_completed += 1
                 done += 1
-                if not self.finished:
+                # after `LitzRuntime.stop()` the driver still sees the tasks that were in flight
+                # (what it dispatches then stays queued, and the stop's checkpoint keeps it)
+                if not self.driver_finished:
                     result = TaskResult(task.executor_id, task.args, value, task.version)
                     self.driver.handle_task_completion(self.ctx, result)
         return done

@@ -268,6 +268,11 @@ class LitzRuntime:
             if not pausing and not m.finished:
                 m.send_pending()
             if m.finished and not m.inflight:
+                if m.driver_finished and m.summary.stopped:
+                    # the driver finished on the completions of a stop's drain: the job is done,
+                    # so no stop checkpoint (a resumed run would have nothing left to do)
+                    m.summary.stopped = False
+                    self._stop_checkpoint = False
                 if not (self._stop_checkpoint and writer is not None):
                     return
                 if not m.active_resizes and not m.shard_resizes:
