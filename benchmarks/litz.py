@@ -37,8 +37,10 @@ Sections:
 - `vs_ddp`: MLR examples/s on Litz (2 workers, 2 executors, 1 PS shard, s = 0, the DDP baseline's
   data and batch per process, real compute) vs `benchmarks/litz_ddp.py` (torch DDP over gloo, 2
   processes, run before Ray starts, for as many steps as Litz runs iterations); target ratio ≥ 0.7.
-  A row at s = 2 (SSP, as in the elasticity sections; its ratio is `ratio_ssp`) and one with 2
-  shards, and the workers' busy time per batch, show where a Litz iteration's time goes. Every
+  A row at s = 2 (SSP, as in the elasticity sections; its ratio is `ratio_ssp`), one with 2
+  shards, one with batches sent as Ray calls instead of the direct channel
+  (`RuntimeConfig.direct_channel` False, `ratio_ray_calls`), and the workers' busy time per batch,
+  show where a Litz iteration's time goes. Every
   row's full-data objective at DDP's last step is compared with DDP's: at s = 0 they compute the
   same updates (agreement to rounding is checked by the smoke test), at s = 2 it shows whether the
   staleness costs loss per example (`ssp_objective_within_0_1pct_of_ddp`). The model converges
@@ -501,9 +503,12 @@ def vs_ddp(sz: Sizes, ddp: dict[str, Any]) -> dict[str, Any]:
 
     c = ddp["config"]
     ddp_steps = int(c["warmup_steps"]) + int(c["steps"])
-    configs = [(1, 0), (1, 2)] if sz.repeats == 1 and sz.litz_steps < 200 else [(1, 0), (1, 2), (2, 0)]
+    # (shards, staleness, direct channel): the last row is the first over Ray calls, for comparison
+    configs = [(1, 0, True), (1, 2, True)]
+    if not (sz.repeats == 1 and sz.litz_steps < 200):
+        configs += [(2, 0, True), (1, 0, False)]
     rows: list[dict[str, Any]] = []
-    for shards, s in configs:
+    for shards, s, direct in configs:
         # The driver evaluates the full-data objective at each report (DDP's timing has no such
         # step): report at the start of the measured window and at its end, which is DDP's last step.
         report = sz.litz_steps
@@ -514,7 +519,8 @@ def vs_ddp(sz: Sizes, ddp: dict[str, Any]) -> dict[str, Any]:
         rates, rates_with_eval, objectives = [], [], []
         for _ in range(sz.repeats if len(rows) < 2 else 1):  # s = 0 and s = 2 repeated, the rest once
             workers = c["world_size"]
-            cfg = runtime_config(num_executors=workers, num_workers=workers, num_shards=shards)
+            cfg = runtime_config(num_executors=workers, num_workers=workers, num_shards=shards,
+                                 direct_channel=direct)
             summ, _, _ = run_litz(app, cfg)
             m = [x for x in summ.metrics if int(x["iteration"]) >= report]
             its = int(m[-1]["iteration"]) - int(m[0]["iteration"])
@@ -527,7 +533,8 @@ def vs_ddp(sz: Sizes, ddp: dict[str, Any]) -> dict[str, Any]:
             objectives.append((int(m[-1]["iteration"]), float(m[-1]["objective"])))
         rate = median(rates)
         end_iteration, end_objective = objectives[0]
-        rows.append({"shards": shards, "staleness": s, "examples_per_s": rate, "runs": rates,
+        rows.append({"shards": shards, "staleness": s, "direct_channel": direct,
+                     "examples_per_s": rate, "runs": rates,
                      "examples_per_s_with_eval": median(rates_with_eval),
                      "ratio_vs_ddp_with_eval": median(rates_with_eval)
                      / float(ddp["examples_per_s_median_of_5_chunks"]),
@@ -542,7 +549,8 @@ def vs_ddp(sz: Sizes, ddp: dict[str, Any]) -> dict[str, Any]:
                      "worker_busy_ms_per_batch": 1000 * summ.worker_busy_s / max(1, summ.batches),
                      "batches_per_iteration": summ.batches / max(1, summ.tasks_completed / workers),
                      })  # fmt: skip
-        log(f"vs_ddp: Litz {shards} shard(s), s={s}: {rate:.0f} examples/s "
+        how = "channel" if direct else "Ray calls"
+        log(f"vs_ddp: Litz {shards} shard(s), s={s}, {how}: {rate:.0f} examples/s "
             f"({rows[-1]['ms_per_iteration']:.1f} ms per iteration), objective after {end_iteration} "
             f"iterations {end_objective:.6f} (DDP {float(ddp['objective_end']):.6f})")  # fmt: skip
     ddp_rate = float(ddp["examples_per_s_median_of_5_chunks"])
@@ -575,6 +583,7 @@ def vs_ddp(sz: Sizes, ddp: dict[str, Any]) -> dict[str, Any]:
         "ratio": sync["ratio_vs_ddp"],
         "ratio_with_eval": sync["ratio_vs_ddp_with_eval"],
         "ratio_ssp": ssp_row["ratio_vs_ddp"],
+        "ratio_ray_calls": next((r["ratio_vs_ddp"] for r in rows if not r["direct_channel"]), None),
         "ssp_staleness": ssp_row["staleness"],
         "ssp_objective_within_0_1pct_of_ddp": ssp_same_loss,
         "to_loss": {"target": target, "from": f"synchronous objective after {TO_LOSS_AT} iterations",

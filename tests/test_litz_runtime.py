@@ -175,3 +175,20 @@ def test_application_error_is_named(cluster):
     bad = h.Application("bad", app.driver, h.LsqExecutor, {**app.config, "lr": "x"})
     with pytest.raises((ApplicationError, LitzError), match="executor"):
         LitzRuntime(bad, h.config(num_executors=2, num_workers=1, num_shards=1)).run()
+
+
+def test_a_worker_without_a_channel_gets_its_batches_as_ray_calls(cluster, monkeypatch):
+    # the network refuses the master's connection (as a firewall between nodes would): the run
+    # warns, sends that worker's batches as Ray calls, and computes the same thing
+    import pollux.litz.master as master_mod
+
+    def refuse(address, token, timeout_s=10.0):
+        raise ConnectionRefusedError(f"refused: {address}")
+
+    monkeypatch.setattr(master_mod, "ChannelClient", refuse)
+    app = h.lsq_app(iterations=6)
+    with pytest.warns(RuntimeWarning, match="no direct channel"):
+        summary = LitzRuntime(app, h.config(num_executors=4, num_workers=2, num_shards=2)).run()
+    assert summary.channel_fallbacks == 2
+    ref = h.lsq_reference(4, dict(app.config))
+    np.testing.assert_allclose([m["objective"] for m in summary.metrics], ref, rtol=1e-6, atol=0)

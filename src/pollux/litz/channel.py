@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import hmac
+import math
 import select
 import socket
 from collections.abc import Awaitable, Callable, Iterable
@@ -73,7 +74,7 @@ async def serve(
 class ChannelClient:
     """The master's end of one worker's channel (a blocking socket, read after `select`)."""
 
-    def __init__(self, address: tuple[str, int], token: bytes, timeout_s: float = 30.0) -> None:
+    def __init__(self, address: tuple[str, int], token: bytes, timeout_s: float = 10.0) -> None:
         self.address = address
         self.sock = socket.create_connection(address, timeout=timeout_s)
         self.sock.settimeout(None)
@@ -119,9 +120,14 @@ class ChannelClient:
 
 
 def readable(clients: Iterable[ChannelClient], timeout: float) -> list[ChannelClient]:
-    """The clients with a message (or EOF) waiting, after at most `timeout` seconds."""
-    clients = list(clients)
-    if not clients:
+    """The clients with a message (or EOF) waiting, after at most `timeout` seconds.
+
+    `poll`, not `select`: a Ray driver holds many descriptors, and `select` fails on one >= 1024."""
+    by_fd = {c.fileno(): c for c in clients}
+    if not by_fd:
         return []
-    ready, _, _ = select.select(clients, [], [], max(0.0, timeout))
-    return ready
+    poller = select.poll()
+    for fd in by_fd:
+        poller.register(fd, select.POLLIN)
+    events = poller.poll(max(0, math.ceil(timeout * 1000)))
+    return [by_fd[fd] for fd, _ in events]

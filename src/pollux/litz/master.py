@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import secrets
 import time
+import warnings
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -245,15 +246,25 @@ class Master:
             self._channel_refs[wid] = handle.open_channel.remote(self._token, not self.cfg.sequential_workers)
         return wid
 
-    def _channel(self, wid: int) -> ChannelClient:
-        """Worker `wid`'s channel, connected on first use (its actor has started by then)."""
+    def _channel(self, wid: int) -> ChannelClient | None:
+        """Worker `wid`'s channel, connected on first use (its actor has started by then); None
+        where it cannot be had (e.g. a firewall between the nodes): that worker's batches then
+        go as Ray calls, with a warning, counted in `RunSummary.channel_fallbacks`."""
         ch = self.channels.get(wid)
-        if ch is None:
-            host, port = self.get(self._channel_refs.pop(wid))
+        if ch is None and wid in self._channel_refs:
             try:
+                host, port = self.get(self._channel_refs.pop(wid))
                 ch = ChannelClient((host, int(port)), self._token)
-            except OSError as err:
-                raise ActorLost(f"worker {wid}: cannot connect to {host}:{port}: {err}") from err
+            except ActorLost:
+                raise
+            except (OSError, LitzError) as err:  # cannot connect, or the worker cannot listen
+                warnings.warn(
+                    f"Litz worker {wid}: no direct channel ({err}); its batches go as Ray calls",
+                    RuntimeWarning,
+                    stacklevel=2,
+                )
+                self.summary.channel_fallbacks += 1
+                return None
             self.channels[wid] = ch
             self._sentinels[self.workers[wid].watch.remote()] = wid  # watched once it runs
         return ch
@@ -433,11 +444,12 @@ class Master:
             self.next_batch_id += 1
             self.summary.batches += 1
             info = InFlight(wid, bid, [s[0] for s in specs])
-            if self.cfg.direct_channel and layout is None:
+            ch = self._channel(wid) if self.cfg.direct_channel and layout is None else None
+            if ch is not None:
                 # in flight under its batch id (an int; a Ray call's is its ObjectRef)
                 self.inflight[bid] = info
                 try:
-                    self._channel(wid).send(payload)
+                    ch.send(payload)
                 except ChannelClosed as err:
                     raise ActorLost(f"worker {wid}: {err}") from err
             else:  # a new layout (holding actor handles) goes as a Ray call, as without the channel

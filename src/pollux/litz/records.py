@@ -135,6 +135,7 @@ class RunSummary:
     stopped: bool = False  # ended by LitzRuntime.stop(), not by the driver's finish()
     resumed: bool = False  # started from a checkpoint (RuntimeConfig.resume)
     worker_busy_s: float = 0.0  # summed over batches: running tasks plus staging their updates
+    channel_fallbacks: int = 0  # workers whose direct channel could not connect (Ray calls instead)
 
     def to_dict(self) -> dict[str, Any]:
         return {k: v for k, v in vars(self).items()}
