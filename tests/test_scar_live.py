@@ -171,5 +171,8 @@ def test_partial_recovery_from_a_kill_mid_epoch(cluster, tmp_path):
     (rec,) = ctl.recoveries
     assert rec.kind == "partial" and rec.dead_shards == [1]
     assert rec.tasks_after == rec.tasks_before
+    # the batches that failed on the dead shard have answered: settling them must not wait out
+    # detect_timeout_s (it did while an answer already read still counted as in flight)
+    assert rec.duration_s < ctl.config.detect_timeout_s
     assert summary.final["iterations"] == 80 and summary.recoveries == 1
     assert np.isfinite(summary.final["objective"])

@@ -184,6 +184,7 @@ class Master:
         self.unsent_bytes = 0
         self.commit_id = 0
         self.commit_refs: list[Any] = []
+        self._arrived: dict[int, dict[str, Any]] = {}  # channel results read, not yet handled
         self.finished = False  # no more dispatch: the driver finished, or the run is stopping
         self.driver_finished = False  # the driver called finish(): completions no longer go to it
 
@@ -258,11 +259,8 @@ class Master:
             except ActorLost:
                 raise
             except (OSError, LitzError) as err:  # cannot connect, or the worker cannot listen
-                warnings.warn(
-                    f"Litz worker {wid}: no direct channel ({err}); its batches go as Ray calls",
-                    RuntimeWarning,
-                    stacklevel=2,
-                )
+                msg = f"Litz worker {wid}: no direct channel ({err}); its batches go as Ray calls"
+                warnings.warn(msg, RuntimeWarning, stacklevel=2)
                 self.summary.channel_fallbacks += 1
                 return None
             self.channels[wid] = ch
@@ -271,8 +269,7 @@ class Master:
 
     def forget_worker(self, wid: int) -> None:
         """Close worker `wid`'s channel and stop watching it (before its actor is killed)."""
-        ch = self.channels.pop(wid, None)
-        if ch is not None:
+        if (ch := self.channels.pop(wid, None)) is not None:
             ch.close()
         self._channel_refs.pop(wid, None)
         for ref in [r for r, w in self._sentinels.items() if w == wid]:
@@ -466,12 +463,14 @@ class Master:
         ready = self._ready_results(timeout)
         ready.sort(key=lambda r: r[0])
         done = 0
-        for _, key, out in ready:
+        for _, key in ready:
             if key not in self.inflight:
-                continue  # a recovery during this loop took it back (its tasks are queued again)
-            self.inflight.pop(key)
-            if out is None:
-                out = unpack(self.get(key))
+                self._arrived.pop(key, None)
+                continue  # a recovery took it back (its tasks are queued again)
+            info = self.inflight.pop(key)
+            out = self._arrived.pop(key) if isinstance(key, int) else unpack(self.get(key))
+            if "error" in out:
+                self._raise_batch_error(out, info.worker_id)
             if out["key"] is not None:
                 self.uncommitted.append(out["key"])
                 if out.get("inline") is not None:
@@ -499,54 +498,62 @@ class Master:
                     self.driver.handle_task_completion(self.ctx, result)
         return done
 
-    def _ready_results(self, timeout: float) -> list[tuple[int, Any, dict[str, Any] | None]]:
-        """(batch id, in-flight key, result) of every batch back within `timeout`: results read
-        from channels come unpacked, those of Ray calls as None (fetched by the caller)."""
+    def _ready_results(self, timeout: float) -> list[tuple[int, Any]]:
+        """(batch id, in-flight key) of every batch back within `timeout`: a channel's result is
+        then in `_arrived` (read, not yet handled), a Ray call's is fetched by the caller."""
         refs = [k for k in self.inflight if not isinstance(k, int)]
         chans = {self.channels[i.worker_id] for k, i in self.inflight.items() if isinstance(k, int)}
-        if not chans:
+        if not chans and not self._arrived:
             ready, _ = ray.wait(refs, num_returns=1, timeout=timeout)
             if not ready:
                 return []
             ready, _ = ray.wait(refs, num_returns=len(refs), timeout=0)
-            return [(self.inflight[r].batch_id, r, None) for r in ready]
+            return [(self.inflight[r].batch_id, r) for r in ready]
         deadline = time.monotonic() + timeout
         while True:
-            left = deadline - time.monotonic()
+            left = 0.0 if self._arrived else deadline - time.monotonic()
             # with Ray calls in flight as well (rare: a batch carrying a new layout), poll both
-            out = self._channel_results(chans, min(left, 0.002) if refs else left)
+            self._read_channels(chans, min(left, 0.002) if refs else left)
+            out: list[tuple[int, Any]] = [(b, b) for b in self._arrived]
             if refs:
                 got, _ = ray.wait(refs, num_returns=len(refs), timeout=0)
-                out += [(self.inflight[r].batch_id, r, None) for r in got]
+                out += [(self.inflight[r].batch_id, r) for r in got]
             if out or left <= 0:
                 return out
 
-    def _channel_results(
-        self, chans: set[ChannelClient], timeout: float
-    ) -> list[tuple[int, Any, dict[str, Any] | None]]:
-        out: list[tuple[int, Any, dict[str, Any] | None]] = []
-        wid_of = {ch: w for w, ch in self.channels.items()}
+    def _read_channels(
+        self, chans: set[ChannelClient], timeout: float, closed: set[int] | None = None
+    ) -> None:
+        """Read every result waiting on `chans` (after at most `timeout`) into `_arrived`; results
+        of batches a recovery gave up are dropped. A closed channel raises `ActorLost`, or with
+        `closed` adds its worker there (and Ray's view of dead workers is not asked)."""
         ready = readable(chans, timeout)
-        if not ready:
+        if not ready and not self._arrived and closed is None:
             self._check_sentinels()
         while ready:
             for ch in ready:
                 try:
                     res = unpack(ch.receive())
                 except ChannelClosed as err:
-                    raise ActorLost(f"worker {wid_of.get(ch)}: {err}") from err
-                if res["batch_id"] not in self.inflight:
-                    continue  # given up by a recovery (its tasks were queued again): dropped
-                if "error" in res:
-                    msg = f"worker {wid_of.get(ch)}, batch {res['batch_id']}: {res['message']}"
-                    if res["error"] == "lost":
-                        raise ActorLost(msg)
-                    if res["error"] == "litz":
-                        raise LitzError(msg)
-                    raise LitzError(f"{self.app.name}: a Litz actor failed: {msg}")
-                out.append((int(res["batch_id"]), int(res["batch_id"]), res))
+                    wid = next(w for w, c in self.channels.items() if c is ch)
+                    if closed is None:
+                        raise ActorLost(f"worker {wid}: {err}") from err
+                    closed.add(wid)
+                    chans = chans - {ch}
+                    continue
+                bid = int(res["batch_id"])
+                if bid in self.inflight:
+                    self._arrived[bid] = res
             ready = readable(chans, 0.0)  # whatever else is already here
-        return out
+
+    def _raise_batch_error(self, res: dict[str, Any], wid: int) -> None:
+        """A worker's answer that its batch failed, raised as the Ray-call path would."""
+        msg = f"worker {wid}, batch {res['batch_id']}: {res['message']}"
+        if res["error"] == "lost":
+            raise ActorLost(msg)
+        if res["error"] == "litz":
+            raise LitzError(msg)
+        raise LitzError(f"{self.app.name}: a Litz actor failed: {msg}")
 
     def _check_sentinels(self) -> None:
         """Raise `ActorLost` if Ray reports a worker dead (a lost node need not close its socket)."""
@@ -564,17 +571,16 @@ class Master:
         refs = [k for k in self.inflight if not isinstance(k, int)]
         if refs:
             ray.wait(refs, num_returns=len(refs), timeout=timeout)
-        waiting = {k for k in self.inflight if isinstance(k, int)}
-        while waiting and time.monotonic() < deadline:
-            wid_of = {ch: w for w, ch in self.channels.items()}
-            chans = {self.channels[self.inflight[k].worker_id] for k in waiting}
-            for ch in readable(chans, deadline - time.monotonic()):
-                try:
-                    res = unpack(ch.receive())
-                except ChannelClosed:  # a lost worker: nothing more comes (the next send says so)
-                    waiting = {k for k in waiting if self.inflight[k].worker_id != wid_of[ch]}
-                    continue
-                waiting.discard(res.get("batch_id"))
+        lost: set[int] = set()  # workers whose channel closed: nothing more comes from them
+        while time.monotonic() < deadline:
+            waiting = [
+                i.worker_id
+                for k, i in self.inflight.items()
+                if isinstance(k, int) and k not in self._arrived and i.worker_id not in lost
+            ]
+            if not waiting:
+                return
+            self._read_channels({self.channels[w] for w in waiting}, deadline - time.monotonic(), lost)
 
     def oldest_inflight_batch(self) -> int:
         return min((i.batch_id for i in self.inflight.values()), default=self.next_batch_id)
