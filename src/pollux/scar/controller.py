@@ -13,15 +13,17 @@ and lets in-flight tasks drain, so the tables do not move under it): (1) every s
 distance of each of its rows from its in-memory running copy (`pollux.scar.running.RunningCopy`,
 the shard's extension object) — L2 by default, or per table (`ScarConfig.distances`) the total
 variation of the row distributions scaled by the row's length, for count rows such as LDA's;
-(2) the distances come here; (3) `select_blocks` — the same top-r selection as the rework
+(2) the distances come back; (3) `select_blocks` — the same top-r selection as the rework
 experiments — picks the blocks (rows of every table) to save; (4) every
-shard copies its selected rows into its running copy and returns them; a collector thread hands
-them to the store's writer thread (`pollux.scar.store.RunningStore`, each save committed
-atomically). Training resumes once the copy requests are sent, not answered: in Litz a row changes
-only at a commit, and `before_commit` holds the next commit until every copy is taken, which is
-the thesis's "resume once the in-memory copies are updated" without a second wait in the pause
-(Ray does not order an async actor's calls, so that hold is needed for exactness). The pause is one
-parallel round trip to the shards plus the selection; `CheckpointRecord` keeps both parts.
+shard copies its selected rows into its running copy and returns them, and they go to the
+store's writer thread (`pollux.scar.store.RunningStore`, each save committed atomically). Training
+resumes once the commit and the distance requests are sent: steps (2)–(4) run on a collector
+thread while the next iteration computes. In Litz a row changes only at a commit, and
+`before_commit` holds the next commit until every copy is taken, which is the thesis's "resume once
+the in-memory copies are updated" without waiting in the pause (Ray does not order an async
+actor's calls, so that hold is needed for exactness). The pause is the commit and the requests,
+plus any wait at that next commit; `CheckpointRecord` keeps both parts (the initial checkpoint,
+which saves everything, does all of it before training starts).
 
 **Recovery coordinator** (a PS shard died): partial recovery (`recovery="partial"`) settles what
 was in flight (the micro-tasks sent and not completed are queued again, in their order; their
@@ -41,6 +43,7 @@ restore executor state touched by a replayed task (MLR's executors have none).
 from __future__ import annotations
 
 import copy
+import threading
 import time
 from collections.abc import Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -116,8 +119,9 @@ class ScarConfig:
 @dataclass
 class CheckpointRecord:
     """One checkpoint: when (seconds since the run started, completed tasks), how long training was
-    paused for it (`pause_s`: distances, selection, sending the updates; plus `commit_wait_s`, any
-    wait at the next commit for the shards' copies), rows selected."""
+    paused for it (`pause_s`: the commit and the distance requests; plus `commit_wait_s`, any wait
+    at the next commit for the selection and the shards' copies), rows selected (filled in by the
+    collector thread)."""
 
     t: float
     tasks_completed: int
@@ -174,7 +178,8 @@ class ScarController:
         self._kinds: dict[str, str] = {}  # table -> row distance, sent with each distances call
         self._collector = ThreadPoolExecutor(max_workers=1, thread_name_prefix="scar-collect")
         self._collected: list[Future[None]] = []
-        self._unapplied: list[Any] = []  # update calls of the last checkpoint, maybe not run yet
+        # set once the last checkpoint's copies are taken at every shard (or given up)
+        self._copies_taken: threading.Event | None = None
         self.lost_saves = 0  # shard copies that never came back (the shard died first)
 
     # ------------------------------------------------------------------ runtime hooks
@@ -200,10 +205,10 @@ class ScarController:
     def before_commit(self, m: Any) -> None:
         """Wait until the last checkpoint's copies are taken (Ray does not order an async actor's
         calls, so the commit could otherwise overtake them); the wait counts as overhead."""
-        if self._unapplied:
+        if self._copies_taken is not None:
             t0 = time.perf_counter()
-            refs, self._unapplied = self._unapplied, []
-            ray.wait(refs, num_returns=len(refs))  # a dead shard's ref is ready too (with an error)
+            taken, self._copies_taken = self._copies_taken, None
+            taken.wait()
             if self.checkpoints:
                 self.checkpoints[-1].commit_wait_s += time.perf_counter() - t0
 
@@ -237,55 +242,84 @@ class ScarController:
 
     # ------------------------------------------------------------------ checkpoints
     def _checkpoint(self, m: Any, initial: bool) -> None:
+        """Commit, ask every shard for its rows' distances, and let training go on: the selection
+        and the shards' copies of the chosen rows follow on the collector thread, and
+        `before_commit` holds the next commit until the copies are taken, so they are of this
+        commit's values. (Only the initial checkpoint, which saves everything, waits here.)"""
         assert self.store is not None
         t0 = time.perf_counter()
         cfg = self.config
         m.commit()
         shards = list(m.layout.shards)
-        replies = m.get([s.extension_call.remote("distances", (self._kinds,), m.commit_id) for s in shards])
-        dist = {t: np.zeros(m.tables[t].shape[0]) for t in self._order}
-        for reply in replies:
-            for t, (rows, d) in reply.items():
-                dist[t][rows] = d
-        flat = np.concatenate([dist[t] for t in self._order])
+        owners = {t: np.asarray(m.layout.owners[t]) for t in self._order}
+        commit_id = m.commit_id
+        dist_refs = [s.extension_call.remote("distances", (self._kinds,), commit_id) for s in shards]
         full = initial or len(self.checkpoints) <= cfg.full_first  # checkpoints[0] is the initial
-        strategy, fraction = ("full", 1.0) if full else (cfg.strategy, cfg.fraction)
-        mask = select_blocks(flat, fraction, strategy, self.selection)
-        chosen: dict[str, np.ndarray] = {}
-        start = 0
-        for t in self._order:
-            n = m.tables[t].shape[0]
-            chosen[t] = np.flatnonzero(mask[start : start + n])
-            start += n
-        per_shard = [
-            {t: rows[m.layout.owners[t][rows] == k] for t, rows in chosen.items()} for k in range(len(shards))
-        ]
-        refs = [s.extension_call.remote("update", (per_shard[k],), m.commit_id) for k, s in enumerate(shards)]
+        record = CheckpointRecord(
+            t=time.monotonic() - m.t0,
+            tasks_completed=m.summary.tasks_completed,
+            pause_s=0.0,
+            rows_saved=0,
+            tables=m.ps_tables() if cfg.inspect else None,
+        )
+        plan = (record, dist_refs, shards, owners, commit_id, full)
         if initial:
-            self._persist(refs)  # the starting state: recovery needs every row on disk
+            m.get(dist_refs)  # a lost shard is the runtime's error here, before training starts
+            self._select_and_copy(*plan, threading.Event())
         else:
-            # Training resumes now: tasks read and stage, but no row changes before the next
-            # commit, and `before_commit` holds that commit until every shard has taken its copy
-            # (usually long done by then). A collector thread waits for the copies and queues
-            # them on the store's writer.
-            self._unapplied = refs
-            self._collected.append(self._collector.submit(self._persist, refs))
+            self._copies_taken = threading.Event()
+            self._collected.append(self._collector.submit(self._select_and_copy, *plan, self._copies_taken))
         if cfg.recovery == "full":
             cut = consistent_cut(m, len(self.checkpoints))
             cut.tables = {}  # the tables come back from the store at recovery
             self._cut = _Cut(cut, m.summary.tasks_completed)
-        pause = time.perf_counter() - t0
-        self.checkpoints.append(
-            CheckpointRecord(
-                t=time.monotonic() - m.t0,
-                tasks_completed=m.summary.tasks_completed,
-                pause_s=pause,
-                rows_saved=int(mask.sum()),
-                distances=dist if cfg.inspect else None,
-                chosen=chosen if cfg.inspect else None,
-                tables=m.ps_tables() if cfg.inspect else None,
-            )
-        )
+        record.pause_s = time.perf_counter() - t0
+        self.checkpoints.append(record)
+
+    def _select_and_copy(
+        self,
+        record: CheckpointRecord,
+        dist_refs: list[Any],
+        shards: list[Any],
+        owners: dict[str, np.ndarray],
+        commit_id: int,
+        full: bool,
+        taken: threading.Event,
+    ) -> None:
+        """The rest of a checkpoint (on the collector thread, in checkpoint order): the top rows by
+        distance over every shard, their copies taken at the shards (then `taken` is set), and the
+        copies queued on the store. A shard lost meanwhile saves nothing this time (its rows come
+        back from older saves); the master notices the loss on its own."""
+        cfg = self.config
+        try:
+            try:
+                replies = ray.get(dist_refs)
+            except RayError:
+                self.lost_saves += 1
+                return
+            dist = {t: np.zeros(owners[t].shape[0]) for t in self._order}
+            for reply in replies:
+                for t, (rows, d) in reply.items():
+                    dist[t][rows] = d
+            flat = np.concatenate([dist[t] for t in self._order])
+            strategy, fraction = ("full", 1.0) if full else (cfg.strategy, cfg.fraction)
+            mask = select_blocks(flat, fraction, strategy, self.selection)
+            chosen: dict[str, np.ndarray] = {}
+            start = 0
+            for t in self._order:
+                n = owners[t].shape[0]
+                chosen[t] = np.flatnonzero(mask[start : start + n])
+                start += n
+            mine = [{t: r[owners[t][r] == k] for t, r in chosen.items()} for k in range(len(shards))]
+            refs = [s.extension_call.remote("update", (mine[k],), commit_id) for k, s in enumerate(shards)]
+            ray.wait(refs, num_returns=len(refs))  # a dead shard's ref is ready too (with an error)
+            taken.set()
+            record.rows_saved = int(mask.sum())
+            if cfg.inspect:
+                record.distances, record.chosen = dist, chosen
+            self._persist(refs)
+        finally:
+            taken.set()
 
     def _persist(self, refs: list[Any]) -> None:
         """Wait for the shards' copies of the selected rows and queue them on the store (a shard
