@@ -7,7 +7,9 @@ whatever the timing.
 
 from __future__ import annotations
 
+import contextlib
 import threading
+import time
 from typing import Any
 
 import numpy as np
@@ -227,3 +229,44 @@ def test_a_driver_that_finishes_while_a_stop_drains_ends_the_job(cluster, tmp_pa
     summary = _run(app, cfg, {4: stop_later})
     assert summary.final["iterations"] == 5 and not summary.stopped
     assert summary.checkpoints_saved == 1  # the one at the start only
+
+
+def test_resizes_and_kills_at_random_moments_end_in_the_synchronous_result(cluster, tmp_path):
+    """Chaos at s = 0 over the direct channel: worker and shard resizes and SIGKILLs of workers and
+    shards at seeded random moments while batches are in flight (checkpoints every 0.3 s). Whatever
+    lands when, the run completes every task once and ends at the synchronous reference."""
+    import random
+
+    rng = random.Random(7)
+    app = h.lsq_app(iterations=150)
+    cfg = h.config(num_executors=6, num_workers=2, num_shards=2, task_floor_s=0.01,
+                   checkpoint_dir=str(tmp_path), checkpoint_every_s=0.3)
+    rt = LitzRuntime(app, cfg)
+    done: list[str] = []
+    started = threading.Event()
+
+    def chaos() -> None:
+        started.wait(60)
+        for _ in range(6):
+            time.sleep(rng.uniform(0.1, 0.6))
+            r = rng.random()
+            if r < 0.35:
+                rt.resize(num_workers=rng.randint(1, 4))
+                done.append("workers")
+            elif r < 0.55:
+                rt.resize(num_shards=rng.randint(1, 3))
+                done.append("shards")
+            else:
+                pids = list(rt.worker_pids().values()) if r < 0.8 else rt.shard_pids()
+                with contextlib.suppress(ProcessLookupError, IndexError):  # none now, or gone already
+                    h.sigkill(rng.choice(pids))
+                done.append("kill")
+
+    thread = threading.Thread(target=chaos, daemon=True)
+    thread.start()
+    summary = rt.run(on_progress=lambda rec: started.set())
+    thread.join(30)
+    assert len(done) >= 4, done  # the chaos happened while the job ran
+    assert summary.final["iterations"] == 150 and summary.tasks_completed == 6 * 150
+    ref = h.lsq_reference(6, dict(app.config))
+    np.testing.assert_allclose(summary.final["objective"], ref[-1], rtol=1e-6)
