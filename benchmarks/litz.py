@@ -122,7 +122,7 @@ class Sizes:
     @classmethod
     def quick(cls) -> Sizes:
         return cls(
-            mlr_floor_s=0.02, mlr_iterations=48, so_repeats=1, lda_floor_s=0.02, lda_docs=400,
+            mlr_floor_s=0.01, mlr_iterations=48, so_repeats=1, lda_floor_s=0.02, lda_docs=400,
             lda_doc_length=60, lda_epochs=3, scale_in_mlr_iterations=24, op_per_worker=(1, 2),
             op_mlr_n=20000, op_mlr_global_batch=2048, op_epochs=3, op_lda_docs=300, op_lda_epochs=3,
             ssp_iterations=15, ssp_floor_s=0.005, litz_steps=50, repeats=1,

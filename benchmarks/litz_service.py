@@ -45,8 +45,9 @@ def say(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
 
 
-def live(iterations: int, task_floor_s: float) -> dict[str, Any]:
-    """The Litz job among digits jobs on the embedded cluster under the pollux policy."""
+def live(iterations: int, task_floor_s: float, digits_epochs: int = 40) -> dict[str, Any]:
+    """The Litz job among digits jobs (`digits_epochs` each) on the embedded cluster under the pollux
+    policy."""
     import httpx
 
     from pollux.cluster import server
@@ -69,7 +70,8 @@ def live(iterations: int, task_floor_s: float) -> dict[str, Any]:
             ids = [litz]
             for k in range(2):
                 body = {"name": f"digits{k}", "spec": {
-                    "entrypoint": str(DIGITS), "args": ["--epochs", "40"], "working_dir": str(ROOT),
+                    "entrypoint": str(DIGITS), "args": ["--epochs", str(digits_epochs)],
+                    "working_dir": str(ROOT),
                     "init_batch_size": 16, "max_batch_size": 256, "local_bsz_bounds": [8, 128],
                     "max_replicas": 2}}
                 ids.append(client.post("/v1/jobs", json=body).json()["id"])
@@ -89,7 +91,10 @@ def live(iterations: int, task_floor_s: float) -> dict[str, Any]:
                 "states": {j["name"]: j["state"] for j in jobs.values()},
                 "litz_restarts": job["restarts"],
                 "litz_jct_s": (job["end_time"] or time.time()) - job["submit_time"],
+                "digits_end_s": [(j["end_time"] or time.time()) - job["submit_time"] for i, j in jobs.items()
+                                 if i != litz],
                 "allocations": [{"gpus": sum(a["allocation"].values()), "nodes": sorted(a["allocation"]),
+                                 "at_s": a["time"] - job["submit_time"],
                                  "applied_after_s": None if a["applied"] is None
                                  else a["applied"] - a["time"]} for a in history],
                 "all_applied": all(a["applied"] is not None for a in history),

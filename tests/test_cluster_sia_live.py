@@ -17,7 +17,7 @@ What must happen, and is checked on Ray's own state and the job's logs:
   t4 → a100, it restarts from its checkpoint there (resumed at an epoch > 0, each later epoch logged
   once) and completes every epoch.
 
-About 60-90 s on two cores.
+About 60 s on two cores.
 """
 
 from __future__ import annotations
@@ -98,14 +98,14 @@ def test_sia_places_jobs_by_type_and_moves_one_to_the_fast_type_by_checkpoint_re
             return now
 
         # The first job runs wherever sia puts it (no profile yet) and reports its measured profile.
-        first = submit("first", 80)
+        first = submit("first", 50)
         now = wait([first], lambda js: (js[first].get("hints") or {}).get("gpu_type") is not None, 90,
                    "the first job's measured hints")
         profile = bootstrap(now[first]["hints"])
         r = client.put(f"/v1/jobs/{first}/hints", json=profile)
         assert r.status_code == 200 and {r.json()["gpu_type"], *r.json()["types"]} == {"a100", "t4"}, r.text
         fresh = {**profile, "progress": 0.0, "epoch": 0}
-        later = [submit("second", 100, fresh), submit("third", 100, fresh)]
+        later = [submit("second", 45, fresh), submit("third", 45, fresh)]
         ids = [first, *later]
         now = wait(ids, lambda js: all(j["state"] == "running" for j in js.values()), 90, "all three running")
         assert sorted(t for j in now.values() for t in j["gpu_types"]) == ["a100", "t4", "t4"], now
@@ -131,9 +131,15 @@ def test_sia_places_jobs_by_type_and_moves_one_to_the_fast_type_by_checkpoint_re
         history = [sorted(a["allocation"]) for a in now[mover]["allocation_history"] if a["allocation"]]
         assert history[-1] == ["a100-0"] and all(h[0].startswith("t4-") for h in history[:-1]), history
         epochs = int(next(a for a in now[mover]["spec"]["args"] if a.isdigit()))
-        now = wait(ids, lambda js: all(j["state"] in ("succeeded", "failed") for j in js.values()), 240,
-                   "every job finished")
+        # The mover and the first job must succeed; the job left on a t4 has shown all it can (it
+        # would run on at a third of the speed), so it is cancelled rather than waited for.
+        done = [first, mover]
+        now = wait(done, lambda js: all(j["state"] in ("succeeded", "failed") for j in js.values()), 240,
+                   "the first job and the mover finished")
         assert all(j["state"] == "succeeded" for j in now.values()), now
+        (rest,) = set(later) - {mover}
+        r = client.post(f"/v1/jobs/{rest}/cancel")
+        assert r.status_code in (200, 409), r.text  # 409: it finished by itself meanwhile
         log = client.get(f"/v1/jobs/{mover}/logs", params={"restart": now[mover]["restarts"], "rank": 0}).text
         m = re.search(r"resumed at epoch (\d+)", log)
         assert m and int(m.group(1)) >= 1, log[-2000:]                  # progress kept across the move

@@ -9,7 +9,7 @@ leave. Each change of the Litz job's allocation must be applied in place — ack
 master (``PUT /v1/jobs/{id}/allocation``), never by a restart. The median delay from a round's
 allocation to the acknowledgement is printed (target ≤ 5 s).
 
-About 60-120 s on two cores.
+About 60-70 s on two cores.
 """
 
 from __future__ import annotations
@@ -28,13 +28,14 @@ def test_a_litz_job_follows_its_allocation_in_place_without_restarts():
     sys.path.insert(0, str(ROOT / "benchmarks"))
     from litz_service import live
 
-    out = live(iterations=240, task_floor_s=0.05)
+    # shorter than the benchmark (240 iterations, 40 digits epochs): the job still grows twice
+    out = live(iterations=120, task_floor_s=0.05, digits_epochs=15)
     assert set(out["states"].values()) == {"succeeded"}, out["states"]
     assert out["litz_restarts"] == 0, out
     assert len(out["allocations"]) >= 2, out["allocations"]      # its allocation changed at least once
     assert out["all_applied"], out["allocations"]                 # every one acknowledged by the master
     final = out["litz_summary"]
-    assert final["iterations"] == 240 and final["objective"] < 1.0 and not final["preempted"]
+    assert final["iterations"] == 120 and final["objective"] < 1.0 and not final["preempted"]
     assert len(final["resizes_applied"]) == len(out["allocations"]) - 1 == out["in_place_resizes"]
     assert out["left_processes"] == [] and out["service_stopped"]
     delays = out["resize_delays_s"]
