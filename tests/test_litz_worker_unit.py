@@ -111,6 +111,51 @@ def test_summing_drained_logs_equals_adding_them() -> None:
     assert summed.drain() == {}
 
 
+def test_update_log_mixes_whole_table_and_row_updates() -> None:
+    """Whole-table updates take a fast path after the first (no checks, no touched rows): the
+    drained rows and sums must still be those of adding every update in turn, and a bad update
+    still gets its named error."""
+    from pollux.litz.cache import UpdateLog
+
+    rng = np.random.default_rng(5)
+    meta = {"t": TableMeta("t", (5, 3), "float64"), "u": TableMeta("u", (4,), "float64")}
+    log, reference = UpdateLog(meta), np.zeros((5, 3))
+    for step in range(12):
+        if step % 3 == 2:
+            rows = rng.choice(5, size=2, replace=False)
+            delta = rng.normal(size=(2, 3))
+            log.add("t", delta, rows)
+            reference[rows] += delta
+        else:
+            delta = rng.normal(size=(5, 3))
+            log.add("t", delta, None)
+            reference += delta
+    log.add("u", np.ones(4, dtype=np.float32), None)  # whole table, another dtype
+    log.add("u", np.zeros(4), None)  # the fast path
+    with pytest.raises(ValueError, match="delta shape"):
+        log.add("t", np.ones((4, 3)), None)
+    with pytest.raises(KeyError, match="does not exist"):
+        log.add("nope", np.ones(2), None)
+    out = log.drain()
+    assert out["t"][0].tolist() == [0, 1, 2, 3, 4] and out["u"][0].tolist() == [0, 1, 2, 3]
+    np.testing.assert_allclose(out["t"][1], reference, rtol=1e-12, atol=1e-12)
+    np.testing.assert_array_equal(out["u"][1], np.ones(4))
+    assert log.drain() == {}
+    only_rows = UpdateLog(meta)  # rows only: nothing else is reported as touched
+    only_rows.add("t", np.ones((1, 3)), np.array([2]))
+    assert only_rows.drain()["t"][0].tolist() == [2]
+
+
+def test_cached_whole_table_read_is_read_only_and_follows_fills() -> None:
+    cache = ParamCache({"t": TableMeta("t", (3,), "float64")})
+    view = cache.read("t", None)
+    with pytest.raises(ValueError):
+        view[0] = 1.0
+    cache.fill_all("t", np.array([1.0, 2.0, 3.0]), version=2)
+    np.testing.assert_array_equal(view, [1.0, 2.0, 3.0])  # the same view sees the fill
+    assert cache.read("t", None) is view
+
+
 # ---------------------------------------------------------------------------------------- worker
 class _LogExecutor(Executor):
     """Records the order its tasks ran in; reads the whole table "x" and adds its args to it."""

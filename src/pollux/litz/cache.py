@@ -25,6 +25,8 @@ class ParamCache:
         # a lower bound of each table's tags (tags never decrease): a whole-table read at a version
         # <= it hits without looking at the tags
         self.floor = {n: -1 for n in tables}
+        # one read-only view per table, made once: the values are only ever written in place
+        self.views = {n: self._read_only(v) for n, v in self.values.items()}
         self.hits = 0
         self.misses = 0
 
@@ -63,10 +65,14 @@ class ParamCache:
     def read(self, name: str, rows: np.ndarray | None) -> np.ndarray:
         """Cached values: a read-only view of the whole table, or a copy of `rows`."""
         if rows is None:
-            view = self.values[name].view()
-            view.flags.writeable = False
-            return view
+            return self.views[name]
         return self.values[name][rows]
+
+    @staticmethod
+    def _read_only(values: np.ndarray) -> np.ndarray:
+        view = values.view()
+        view.flags.writeable = False
+        return view
 
     def count(self, hit: bool) -> None:
         if hit:
@@ -82,9 +88,16 @@ class UpdateLog:
         self.meta = tables
         self.delta: dict[str, np.ndarray] = {}
         self.touched: dict[str, np.ndarray] = {}
+        self.whole: set[str] = set()  # tables some update covered entirely (all rows touched)
         self.updates = 0
 
     def add(self, name: str, delta: np.ndarray, rows: np.ndarray | None) -> None:
+        summed = self.delta.get(name)
+        if rows is None and summed is not None and type(delta) is np.ndarray and delta.shape == summed.shape:
+            summed += delta  # the common case of a whole-table update, after the first: no checks
+            self.whole.add(name)
+            self.updates += 1
+            return
         if name not in self.meta:
             raise KeyError(f"PS table {name!r} does not exist; tables: {sorted(self.meta)}")
         meta = self.meta[name]
@@ -94,7 +107,7 @@ class UpdateLog:
             if delta.shape != meta.shape:
                 raise ValueError(f"update {name!r}: delta shape {delta.shape}, table shape {meta.shape}")
             self.delta[name] += delta
-            self.touched[name][:] = True
+            self.whole.add(name)
         else:
             rows = np.asarray(rows, dtype=np.int64)
             if delta.shape != (rows.size, *meta.shape[1:]):
@@ -112,7 +125,7 @@ class UpdateLog:
         self._allocate(name)
         if rows.size == self.meta[name].shape[0]:  # unique, sorted and all of them: every row, in order
             self.delta[name] += delta
-            self.touched[name][:] = True
+            self.whole.add(name)
         else:
             self.delta[name][rows] += delta
             self.touched[name][rows] = True
@@ -129,8 +142,11 @@ class UpdateLog:
         """{table: (touched rows, summed deltas)} and an empty log."""
         out = {}
         for name, delta in self.delta.items():
+            if name in self.whole:
+                out[name] = (np.arange(delta.shape[0]), delta)
+                continue
             rows = np.flatnonzero(self.touched[name])
             if rows.size:
                 out[name] = (rows, delta[rows] if rows.size < delta.shape[0] else delta)
-        self.delta, self.touched = {}, {}
+        self.delta, self.touched, self.whole = {}, {}, set()
         return out
