@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from pollux.litz.apps.data import gaussian_mixture, load_classification, partition
-from pollux.litz.apps.mlr import gradient, loss_and_grad, mlr_app, numpy_sgd_reference, with_bias
+from pollux.litz.apps.mlr import loss_and_grad, mlr_app, numpy_sgd_reference, task_step, with_bias
 from pollux.litz.local import LocalSummary, run_local
 
 SMALL = {"n": 1200, "d": 10, "classes": 4, "batch_size": 16, "lr": 0.5, "iterations": 60, "report_every": 5}
@@ -24,13 +24,13 @@ def _assert_same(got: list[tuple[int, float]], want: list[tuple[int, float]], rt
 
 
 @pytest.mark.parametrize("l2", [0.0, 0.01])
-def test_gradient_is_loss_and_grads_gradient_bit_for_bit_and_matches_finite_differences(l2: float) -> None:
-    """The micro-task's `gradient` (no loss) must be the reference's gradient exactly, and both the
-    true gradient of the loss (central differences)."""
+def test_task_step_is_the_scaled_gradient_and_the_gradient_matches_finite_differences(l2: float) -> None:
+    """The micro-task's `task_step` (one-hot labels, scale folded in) must be scale × the
+    reference's gradient to rounding, and that the true gradient of the loss (central differences)."""
     rng = np.random.default_rng(1)
     X, y, W = with_bias(rng.normal(size=(7, 3))), rng.integers(0, 4, 7), rng.normal(size=(4, 4))
     loss, grad = loss_and_grad(W, X, y, l2)
-    np.testing.assert_array_equal(gradient(W, X, y, l2), grad)
+    np.testing.assert_allclose(task_step(W, X, np.eye(4)[y], -0.3, l2), -0.3 * grad, rtol=1e-13, atol=1e-16)
     h, numeric = 1e-6, np.zeros_like(W)
     for idx in np.ndindex(*W.shape):
         up, down = W.copy(), W.copy()

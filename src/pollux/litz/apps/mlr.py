@@ -98,43 +98,42 @@ def with_bias(X: np.ndarray) -> np.ndarray:
 
 def loss_and_grad(W: np.ndarray, Xb: np.ndarray, y: np.ndarray, l2: float = 0.0) -> tuple[float, np.ndarray]:
     """Mean cross-entropy of softmax(Xb @ W) against labels `y`, and its gradient with respect to W
-    (plus `l2/2 * ||W[:-1]||²`; the bias row is not regularised)."""
-    loss, grad = _loss_and_grad(W, Xb, y, l2, True)
-    assert loss is not None
-    return loss, grad
-
-
-def gradient(W: np.ndarray, Xb: np.ndarray, y: np.ndarray, l2: float = 0.0) -> np.ndarray:
-    """The gradient of `loss_and_grad`, bit for bit, without computing the loss: what a micro-task
-    needs (the driver reports the objective over the whole data set)."""
-    return _loss_and_grad(W, Xb, y, l2, False)[1]
-
-
-def _loss_and_grad(
-    W: np.ndarray, Xb: np.ndarray, y: np.ndarray, l2: float, with_loss: bool
-) -> tuple[float | None, np.ndarray]:
-    """Written for small batches, where numpy's per-call cost is most of the time (an
-    over-partitioned job runs many micro-tasks of few rows): the softmax reuses the exponentials of
-    the loss, in place, and the loss is computed only when asked for."""
+    (plus `l2/2 * ||W[:-1]||²`; the bias row is not regularised). The softmax reuses the
+    exponentials of the loss, in place."""
     n = Xb.shape[0]
     logits = Xb @ W
     logits -= logits.max(axis=1, keepdims=True)
     probs = np.exp(logits)
     norm = probs.sum(axis=1)
     picked = np.arange(n), y
-    loss = None
-    if with_loss:
-        nll = np.log(norm) - logits[picked]
-        loss = float(nll.sum() / n)  # = the loss of `_mean_cross_entropy`, bit for bit
-        if l2:
-            loss += _l2_term(W, l2)
+    nll = np.log(norm) - logits[picked]
+    loss = float(nll.sum() / n)  # = the loss of `_mean_cross_entropy`, bit for bit
     probs /= norm[:, None]
     probs[picked] -= 1.0
     grad = Xb.T @ probs
     grad /= n
     if l2:
+        loss += _l2_term(W, l2)
         grad[:-1] += l2 * W[:-1]
     return loss, grad
+
+
+def task_step(W: np.ndarray, Xb: np.ndarray, Yb: np.ndarray, scale: float, l2: float = 0.0) -> np.ndarray:
+    """`scale` × the gradient of `loss_and_grad` (equal to rounding), from one-hot labels `Yb`: a
+    micro-task's update with `scale` = -lr / E. Fewer numpy calls than `gradient` followed by the
+    scaling (no label index, the scale folded into the softmax), which is what a task of a hundred
+    rows costs; `MLRExecutor` keeps features and one-hot labels in one matrix, so that a batch is
+    one gather."""
+    logits = Xb @ W
+    logits -= logits.max(axis=1, keepdims=True)
+    probs = np.exp(logits)
+    probs /= probs.sum(axis=1, keepdims=True)
+    probs -= Yb
+    probs *= scale / Xb.shape[0]
+    step = Xb.T @ probs
+    if l2:
+        step[:-1] += (scale * l2) * W[:-1]
+    return step
 
 
 def _l2_term(W: np.ndarray, l2: float) -> float:
@@ -189,22 +188,22 @@ class MLRExecutor(Executor):
         self.pending: dict[int, np.ndarray] = {}
         self._perm: tuple[int, np.ndarray] | None = None  # (epoch, its permutation): not state
 
-    def batch(self, iteration: int) -> tuple[np.ndarray, np.ndarray]:
-        """(features, labels) of the mini-batch at `iteration`: `batch_rows`, with the epoch's
-        permutation drawn once per epoch, not once per task. (Gathering the whole partition in
-        the epoch's order once, so that a batch is a slice, is slower for large partitions: the
-        small gathers stay in cache for the matmuls that follow.)"""
-        X, y = self.input
-        epoch, part = epoch_and_slice(X.shape[0], self.cfg.batch_size, iteration)
+    def batch(self, iteration: int) -> np.ndarray:
+        """Rows of the input (features, then one-hot labels) of the mini-batch at `iteration`:
+        `batch_rows`, with the epoch's permutation drawn once per epoch, not once per task.
+        (Gathering the whole partition in the epoch's order once, so that a batch is a slice, is
+        slower for large partitions: the small gathers stay in cache for the matmuls that follow.)"""
+        Z = self.input
+        epoch, part = epoch_and_slice(Z.shape[0], self.cfg.batch_size, iteration)
         if self._perm is None or self._perm[0] != epoch:
-            self._perm = (epoch, epoch_permutation(X.shape[0], self.cfg.seed, self.executor_id, epoch))
-        rows = self._perm[1][part]
-        return X[rows], y[rows]
+            self._perm = (epoch, epoch_permutation(Z.shape[0], self.cfg.seed, self.executor_id, epoch))
+        return Z[self._perm[1][part]]
 
-    def load_input(self) -> tuple[np.ndarray, np.ndarray]:
+    def load_input(self) -> np.ndarray:
+        """The partition as one matrix: features with the bias column, then the labels one-hot."""
         data = load_classification(self.config)
         rows = partition(data.X.shape[0], self.num_executors, self.executor_id)
-        return with_bias(data.X[rows]), data.y[rows]
+        return np.hstack([with_bias(data.X[rows]), np.eye(data.classes)[data.y[rows]]])
 
     def get_state(self) -> Any:
         return {k: v.copy() for k, v in self.pending.items()}
@@ -216,9 +215,9 @@ class MLRExecutor(Executor):
         cfg = self.cfg
         i = int(args["iteration"])
         W = await ctx.ps.get(table_name(i, cfg.double_buffer))
-        Xb, yb = self.batch(i)
-        delta = gradient(W, Xb, yb, cfg.l2)
-        delta *= -cfg.lr / self.num_executors
+        Zb = self.batch(i)
+        d = W.shape[0]  # features (with the bias); the rest of a row is its one-hot label
+        delta = task_step(W, Zb[:, :d], Zb[:, d:], -cfg.lr / self.num_executors, cfg.l2)
         if not cfg.double_buffer:
             ctx.ps.update("W", delta)
         else:
@@ -226,7 +225,7 @@ class MLRExecutor(Executor):
                 self.pending[copy] = self.pending[copy] + delta if copy in self.pending else delta
             target = (i + 1) % 2
             ctx.ps.update(table_name(target, True), self.pending.pop(target))
-        return {"iteration": i, "examples": int(yb.shape[0])}
+        return {"iteration": i, "examples": int(Zb.shape[0])}
 
 
 class MLRDriver(Driver):
