@@ -144,6 +144,12 @@ def test_update_log_mixes_whole_table_and_row_updates() -> None:
     only_rows = UpdateLog(meta)  # rows only: nothing else is reported as touched
     only_rows.add("t", np.ones((1, 3)), np.array([2]))
     assert only_rows.drain()["t"][0].tolist() == [2]
+    rows_then_whole = UpdateLog(meta)  # the fast path's whole-table update after a row update
+    rows_then_whole.add("t", np.ones((1, 3)), np.array([2]))
+    rows_then_whole.add("t", np.full((5, 3), 2.0), None)
+    rows, delta = rows_then_whole.drain()["t"]
+    assert rows.tolist() == [0, 1, 2, 3, 4]
+    np.testing.assert_array_equal(delta[:, 0], [2.0, 2.0, 3.0, 2.0, 2.0])
 
 
 def test_cached_whole_table_read_is_read_only_and_follows_fills() -> None:

@@ -120,10 +120,10 @@ def loss_and_grad(W: np.ndarray, Xb: np.ndarray, y: np.ndarray, l2: float = 0.0)
 
 def task_step(W: np.ndarray, Xb: np.ndarray, Yb: np.ndarray, scale: float, l2: float = 0.0) -> np.ndarray:
     """`scale` × the gradient of `loss_and_grad` (equal to rounding), from one-hot labels `Yb`: a
-    micro-task's update with `scale` = -lr / E. Fewer numpy calls than `gradient` followed by the
-    scaling (no label index, the scale folded into the softmax), which is what a task of a hundred
-    rows costs; `MLRExecutor` keeps features and one-hot labels in one matrix, so that a batch is
-    one gather."""
+    micro-task's update with `scale` = -lr / E. Fewer numpy calls than `loss_and_grad` and a
+    scaling (no loss, no label index, the scale folded into the softmax): on a task of a hundred
+    rows numpy's cost per call is most of the time. `MLRExecutor` keeps features and one-hot labels
+    in one matrix, so that a batch is one gather."""
     logits = Xb @ W
     logits -= logits.max(axis=1, keepdims=True)
     probs = np.exp(logits)
