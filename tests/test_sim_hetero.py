@@ -201,6 +201,7 @@ def test_type_aware_views_and_bootstrap(tmp_path, monkeypatch):
     assert job.gpu_hours == pytest.approx(held + 2 * 90 / 3600)
     view = aware.seen[0]
     assert set(view.type_models) == {"aws", "fast"}        # bootstrapped on both types
+    assert view.max_replicas_seen == 1                     # the profile ran on one GPU
     assert view.type_limits["fast"].max_local_bsz == 32
     assert view.type_limits["aws"].max_local_bsz == 16
     # The 1-GPU bootstrap already tells the fast type apart.
@@ -232,6 +233,55 @@ def test_untyped_cluster_gives_no_type_models(tmp_path, monkeypatch):
     profiles = load_profiles(tmp_path)
     simulate([toy_job()], profiles, aware, SimConfig(num_nodes=1, gpus_per_node=1, bootstrap_s=90.0))
     assert aware.seen[0].type_models is None
+
+
+class _RecordingSia:
+    """The real ``sia`` policy, recording the views and allocations of every round."""
+
+    name = "sia"
+
+    def __init__(self) -> None:
+        self.inner = make_policy("sia")
+        self.seen: list = []
+        self.allocs: list = []
+
+    def decide(self, jobs, cluster, state, now, rng):
+        self.seen.append(list(jobs))
+        alloc, state = self.inner.decide(jobs, cluster, state, now, rng)
+        self.allocs.append(alloc)
+        return alloc, state
+
+
+def test_untyped_cluster_bootstraps_type_aware_adaptive_jobs(tmp_path):
+    """On an untyped cluster (the one-type case) sia's jobs are bootstrapped as on a typed one: a
+    model before they ever ran, one GPU counted as seen, the profile charged to their GPU-hours;
+    so the first allocation may already exceed one GPU (a first start, not a restart). Pollux, which
+    is not type-aware, is unchanged: no model and nothing seen before the first run."""
+    toy_typed(tmp_path)
+    profiles = load_profiles(tmp_path)
+    cfg = SimConfig(num_nodes=1, gpus_per_node=4, bootstrap_s=90.0)
+    sia = _RecordingSia()
+    res = simulate([toy_job()], profiles, sia, cfg)
+    first = sia.seen[0][0]
+    assert first.model is not None and first.max_replicas_seen == 1 and first.type_models is None
+    assert sum(sia.allocs[0]["j0"].values()) > 1
+    job = res.jobs[0]
+    assert job.restarts == 0
+    assert job.bootstrap_gpu_hours == pytest.approx(90 / 3600)
+    assert job.gpu_hours > job.bootstrap_gpu_hours
+    # A type-unaware adaptive policy sees no model and nothing seen before the first run.
+    seen: list = []
+    pollux = make_policy("pollux")
+    orig = pollux.decide
+
+    def record(jobs, cluster, state, now, rng):
+        seen.append(list(jobs))
+        return orig(jobs, cluster, state, now, rng)
+
+    pollux.decide = record
+    plain = simulate([toy_job()], profiles, pollux, cfg)
+    assert seen[0][0].model is None and seen[0][0].max_replicas_seen == 0
+    assert plain.jobs[0].bootstrap_gpu_hours == 0.0
 
 
 def test_type_report(tmp_path):

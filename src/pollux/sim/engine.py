@@ -68,7 +68,7 @@ class SimConfig:
     untyped ``num_nodes`` × ``gpus_per_node`` cluster of before. ``slowdown``: ``(application,
     factor)`` pairs multiplying the true step times (:data:`SIA_SLOWDOWN` is Sia's calibration; an
     application not named runs at 1). ``bootstrap_s``: GPU-seconds charged per GPU type for the 1-GPU
-    bootstrap profile of a job under a type-aware policy on a typed cluster.
+    bootstrap profile of a job under a type-aware policy (on an untyped cluster: once).
     """
 
     interval: float = 60.0
@@ -198,8 +198,11 @@ def simulate(
         per_type = contexts[app].profiles
         return next(per_type[t] for t in cluster.type_names if t in per_type)
 
+    # A type-aware policy's jobs are bootstrapped from a 1-GPU profile (as Sia does), on an untyped
+    # cluster too: it is the one-type case.
+    untyped_bootstrap = info.type_aware and not typed
     jobs = [SimJob(spec, base_profile(spec.application), kind, config, cluster.num_nodes,
-                   contexts.get(spec.application))
+                   contexts.get(spec.application), bootstrap=untyped_bootstrap)
             for spec in sorted(workload, key=lambda j: (j.submit_time, j.name))]
     rng = np.random.default_rng(config.seed)
     state = None

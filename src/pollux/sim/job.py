@@ -6,7 +6,10 @@ several types runs at the slowest type's step time (BSP waits for the slowest re
 type-aware policy the job keeps its observed configurations and a fitted throughput model *per type*,
 bootstrapped at submission from a short 1-GPU profile on every type it has a profile for (as Sia
 does; the bootstrap is charged to its GPU-hours); a type-unaware policy sees one model fitted from
-whatever the job ran, on any type.
+whatever the job ran, on any type. On an untyped cluster (the one-type case) a type-aware policy's
+adaptive jobs are bootstrapped the same way from their one profile. A bootstrapped job counts as
+having run on one GPU (its profile did), so the exploration cap lets its first allocation go past one
+GPU — without that a job's first scale-up is always a restart.
 """
 
 from __future__ import annotations
@@ -66,9 +69,11 @@ class SimJob:
     """One job's state and its simulated agent."""
 
     def __init__(self, spec: WorkloadJob, profile: AppProfile, kind: JobKind, config: Any,
-                 num_nodes: int, typed: TypeContext | None = None) -> None:
+                 num_nodes: int, typed: TypeContext | None = None, bootstrap: bool = False) -> None:
         """``config`` is the run's :class:`pollux.sim.engine.SimConfig`; ``typed`` is given on a typed
-        cluster (None: every node runs ``profile``, as before types existed)."""
+        cluster (None: every node runs ``profile``, as before types existed). ``bootstrap``: on an
+        untyped cluster, bootstrap an adaptive job's model from a 1-GPU profile (a type-aware
+        policy's one-type case; on a typed cluster ``typed.aware`` decides)."""
         self.spec = spec
         self.name = spec.name
         self.profile = profile
@@ -136,12 +141,29 @@ class SimJob:
                     self.type_limits[i] = self._limits_on(prof.meta)
             if self.aware:
                 self._bootstrap()
+        elif bootstrap and kind == ADAPTIVE:
+            self._bootstrap_untyped(float(config.bootstrap_s))
 
     def _limits_on(self, meta: Any) -> BatchLimits:
         """This job's batch limits on a type whose profile metadata is ``meta`` (its memory bound)."""
         if self.spec.application == "ncf" and self.kind == ADAPTIVE:
             return self.limits
         return replace(self.limits, max_local_bsz=float(max(meta.max_local_bsz, self.limits.min_local_bsz)))
+
+    def _bootstrap_records(self, prof: AppProfile, lim: BatchLimits) -> dict[tuple[int, int, int],
+                                                                         tuple[float, float]]:
+        """A 1-GPU profile of ``prof``: step and accumulation times at :data:`BOOTSTRAP_POINTS`
+        local batches between the bounds of ``lim``."""
+        lo = float(lim.min_local_bsz)
+        hi = float(lim.max_local_bsz or lo)
+        recs = {}
+        for m in sorted({round(float(x)) for x in np.geomspace(lo, max(hi, lo), BOOTSTRAP_POINTS)}):
+            step, sync = prof.step_time((1,), m)
+            if math.isfinite(step) and math.isfinite(sync):
+                recs[(1, 1, m)] = (step * self.factor, (step - sync) * self.factor)
+        if recs:
+            self.max_replicas_seen = max(self.max_replicas_seen, 1)   # the profile ran on one GPU
+        return recs
 
     def _bootstrap(self) -> None:
         """Sia's bootstrap: a short 1-GPU profile on every type the job has a profile for.
@@ -155,18 +177,26 @@ class SimJob:
             prof = self.typed.profiles.get(t)
             if prof is None:
                 continue
-            lim = self.type_limits[i]
-            lo = float(lim.min_local_bsz)
-            hi = float(lim.max_local_bsz or lo)
-            recs = {}
-            for m in sorted({round(float(x)) for x in np.geomspace(lo, max(hi, lo), BOOTSTRAP_POINTS)}):
-                step, sync = prof.step_time((1,), m)
-                if math.isfinite(step) and math.isfinite(sync):
-                    recs[(1, 1, m)] = (step * self.factor, (step - sync) * self.factor)
+            recs = self._bootstrap_records(prof, self.type_limits[i])
             self.bootstrap_gpu_s[i] += self.typed.bootstrap_s
             if recs:
                 self.type_records[i] = recs
                 self._refit(i)
+
+    def _bootstrap_untyped(self, gpu_s: float) -> None:
+        """The bootstrap on an untyped cluster: the same 1-GPU profile into the job's one model,
+        ``gpu_s`` GPU-seconds charged to its GPU-hours."""
+        self.bootstrap_gpu_s = np.array([gpu_s], dtype=np.float64)
+        recs = self._bootstrap_records(self.profile, self.limits)
+        if not recs:
+            return
+        self.records.update(recs)
+        keys = np.array(list(self.records), dtype=np.float64)
+        vals = np.array(list(self.records.values()), dtype=np.float64)
+        fit = fit_throughput(keys[:, 0], keys[:, 1], keys[:, 2], vals[:, 0], vals[:, 1])
+        self.fits += 1
+        if fit.ok:
+            self.params = fit.params
 
     def _refit(self, i: int) -> None:
         recs = self.type_records[i]
