@@ -31,8 +31,11 @@ Sections:
   the moved executors' states and bytes / release time.
 - `overpartition`: real compute, 2 workers, 1/2/4/8/16 executors per worker, same data and the
   same global mini-batch per iteration (MLR) / the same tokens (LDA): epoch time relative to one
-  executor per worker (the median epoch; MLR: two runs of each configuration, taking turns, their
-  epochs pooled). Target ≤ 1.15 at 16 (MLR); LDA reported.
+  executor per worker (LDA: the median epoch; MLR: five runs of each configuration, taking turns,
+  and the median over runs of each run's median epoch — on the 2-core VM a whole run is sometimes
+  20–50 % slower than the runs beside it, whatever its configuration, so a statistic of pooled
+  epochs follows whichever configurations drew such a run; the pooled median is reported beside it).
+  Target ≤ 1.15 at 16 (MLR); LDA reported.
 - `ssp`: MLR iterations to a fixed loss (the numpy reference's objective after a fixed number of
   iterations) at staleness 0, 1, 2; target s = 2 within 1.2 × s = 0; cache hit rate > 0.
 - `vs_ddp`: MLR examples/s on Litz (2 workers, 2 executors, 1 PS shard, s = 0, the DDP baseline's
@@ -110,7 +113,7 @@ class Sizes:
     op_mlr_n: int = 60000
     op_mlr_global_batch: int = 4096
     op_epochs: int = 8
-    op_repeats: int = 2  # MLR runs per configuration, interleaved (1, 2, …, 16, 1, 2, …)
+    op_repeats: int = 5  # MLR runs per configuration, interleaved (1, 2, …, 16, 1, 2, …)
     op_lda_docs: int = 1500
     op_lda_epochs: int = 3
     # ssp
@@ -423,7 +426,8 @@ def overpartition(sz: Sizes) -> dict[str, Any]:
                          "epoch_s_all": []})  # fmt: skip
     # the configurations take turns (1, 2, …, 16, 1, 2, …), so that a drift of the machine's speed
     # over the minutes of the section falls on all of them alike; each row's statistic is the
-    # median of its epochs from every run
+    # median over its runs of each run's median epoch (a run that drew a slow spell of the machine
+    # counts once, as one run, not as seven slow epochs)
     for rep in range(sz.op_repeats):
         for row in mlr_rows:
             per_epoch = row["iterations_per_epoch"]
@@ -434,11 +438,16 @@ def overpartition(sz: Sizes) -> dict[str, Any]:
                                                       num_shards=2))  # fmt: skip
             et = epoch_times(summ)
             row["epoch_s_all"] += et
+            row.setdefault("run_medians_s", []).append(median(et))
             log(f"overpartition: MLR {row['executors_per_worker']}/worker (run {rep + 1} of "
                 f"{sz.op_repeats}): epoch {median(et):.3f} s")
     for row in mlr_rows:
-        row["epoch_s"] = median(row["epoch_s_all"])
+        row["epoch_s"] = median(row["run_medians_s"])
+        row["epoch_s_pooled"] = median(row["epoch_s_all"])
     _relative(mlr_rows)
+    pooled_first = mlr_rows[0]["epoch_s_pooled"]
+    for row in mlr_rows:
+        row["relative_pooled"] = row["epoch_s_pooled"] / pooled_first
     lda_rows: list[dict[str, Any]] = []
     for k in sz.op_per_worker:
         e = 2 * k
@@ -460,10 +469,12 @@ def overpartition(sz: Sizes) -> dict[str, Any]:
         "lda": {"rows": lda_rows, "config": {"num_docs": sz.op_lda_docs, "doc_length": 80,
                                              "num_blocks": "= executors"}},
         "mlr_relative_at_max": top["relative"],
+        "mlr_relative_pooled_at_max": top["relative_pooled"],
         "lda_relative_at_max": lda_rows[-1]["relative"],
         "max_executors_per_worker": top["executors_per_worker"],
-        "statistic": "median epoch time over the epochs after the first report (MLR: of every run, "
-        "the configurations' runs interleaved)",
+        "statistic": "epoch time over the epochs after the first report; MLR: the median over the "
+        "configuration's runs (interleaved) of each run's median epoch (relative_pooled: the median "
+        "of all its epochs pooled); LDA: the median epoch of one run",
         "mlr_runs_per_configuration": sz.op_repeats,
         "target": {"mlr_relative_at_16_max": 1.15},
         "pass": bool(top["executors_per_worker"] == 16 and top["relative"] <= 1.15)
