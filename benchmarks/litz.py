@@ -126,8 +126,11 @@ class Sizes:
 
     @classmethod
     def quick(cls) -> Sizes:
+        # scale_out: 200 iterations (about 9 s of work) so that the elastic run outlasts the four
+        # new workers' start-up (2-4 s on the 2-core VM under load; with 48 iterations the job
+        # ended first on 2026-11-28 and no executor moved)
         return cls(
-            mlr_floor_s=0.01, mlr_iterations=48, so_repeats=1, lda_floor_s=0.02, lda_docs=400,
+            mlr_floor_s=0.01, mlr_iterations=200, so_repeats=1, lda_floor_s=0.02, lda_docs=400,
             lda_doc_length=60, lda_epochs=3, scale_in_mlr_iterations=24, op_per_worker=(1, 2),
             op_mlr_n=20000, op_mlr_global_batch=2048, op_epochs=3, op_repeats=1, op_lda_docs=300,
             op_lda_epochs=3,
