@@ -426,7 +426,7 @@ def overpartition(sz: Sizes) -> dict[str, Any]:
         per_epoch = max(1, (sz.op_mlr_n // e) // batch)
         mlr_rows.append({"executors_per_worker": k, "executors": e, "batch_per_task": batch,
                          "iterations_per_epoch": per_epoch, "tasks_per_epoch": per_epoch * e,
-                         "epoch_s_all": []})  # fmt: skip
+                         "epoch_s_all": [], "run_medians_s": []})  # fmt: skip
     # the configurations take turns (1, 2, …, 16, 1, 2, …), so that a drift of the machine's speed
     # over the minutes of the section falls on all of them alike; each row's statistic is the
     # median over its runs of each run's median epoch (a run that drew a slow spell of the machine
@@ -441,7 +441,7 @@ def overpartition(sz: Sizes) -> dict[str, Any]:
                                                       num_shards=2))  # fmt: skip
             et = epoch_times(summ)
             row["epoch_s_all"] += et
-            row.setdefault("run_medians_s", []).append(median(et))
+            row["run_medians_s"].append(median(et))
             log(f"overpartition: MLR {row['executors_per_worker']}/worker (run {rep + 1} of "
                 f"{sz.op_repeats}): epoch {median(et):.3f} s")
     for row in mlr_rows:

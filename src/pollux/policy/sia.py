@@ -42,9 +42,10 @@ allocation on a fallback 2716 s / 2.85; + one-node placement of one-node counts 
 + exploration factor 4 (:data:`EXPLORE_FACTOR`) 2665 s / 2.39; + the simulator's bootstrap on the
 untyped cluster, a bootstrapped job counting one GPU as seen (:mod:`pollux.sim.job`: its first
 allocation may reach 4 GPUs instead of growing 1 → 4 by a restart) 2652 s / 1.96 (8 held-out
-workloads: 2669 s / 2.36 → 2642 s / 1.88). Tried after that and not adopted: a second program over
-the jobs whose chosen count could not be placed, on the GPUs left (fallbacks 520 → 18 in the 8 runs;
-2642 s on the 8 workloads, but 2654 s against 2642 s on the held-out ones).
+workloads: 2669 s / 2.36 measured on 2026-11-24 → 2642 s / 1.88). Tried after that and not
+adopted: a second program over the jobs whose chosen count could not be placed, on the GPUs left
+(fallbacks 520 → 18 in the 8 runs; 2642 s on the 8 workloads, but 2654 s against 2642 s on the
+held-out ones).
 With λ_n = 1.1, workload-2 had 252 job-rounds of jobs waiting behind 2-GPU jobs (ncf p99 JCT
 949 s against Pollux's 128 s): admitting a job at 1 GPU gained only (λ_n − 1) × its cost, while
 shrinking a 2-GPU job to make room cost about three times that; with λ_n = 3, none waited.

@@ -153,7 +153,8 @@ class SimJob:
     def _bootstrap_records(self, prof: AppProfile, lim: BatchLimits) -> dict[tuple[int, int, int],
                                                                          tuple[float, float]]:
         """A 1-GPU profile of ``prof``: step and accumulation times at :data:`BOOTSTRAP_POINTS`
-        local batches between the bounds of ``lim``."""
+        local batches between the bounds of ``lim``. A profile that measured anything counts as
+        having run on one GPU (``max_replicas_seen`` ≥ 1, for the exploration cap)."""
         lo = float(lim.min_local_bsz)
         hi = float(lim.max_local_bsz or lo)
         recs = {}
@@ -191,12 +192,7 @@ class SimJob:
         if not recs:
             return
         self.records.update(recs)
-        keys = np.array(list(self.records), dtype=np.float64)
-        vals = np.array(list(self.records.values()), dtype=np.float64)
-        fit = fit_throughput(keys[:, 0], keys[:, 1], keys[:, 2], vals[:, 0], vals[:, 1])
-        self.fits += 1
-        if fit.ok:
-            self.params = fit.params
+        self._refit_untyped()
 
     def _refit(self, i: int) -> None:
         recs = self.type_records[i]
@@ -331,6 +327,10 @@ class SimJob:
         else:
             self._slowed.discard(key)
         self.records[key] = (step, step - sync)
+        self._refit_untyped()
+
+    def _refit_untyped(self) -> None:
+        """Refit the job's one throughput model from all its records (untyped cluster)."""
         keys = np.array(list(self.records), dtype=np.float64)
         vals = np.array(list(self.records.values()), dtype=np.float64)
         # A fresh fit from the spec's starting point. Warm starts with a looser tolerance were ~5x faster
