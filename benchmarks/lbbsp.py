@@ -207,7 +207,7 @@ def stop(proc: subprocess.Popen) -> None:
         pass
 
 
-def run_replicas(config: dict[str, Any], timeout: float = 150.0, replicas: int = 2) -> list[dict[str, Any]]:
+def run_replicas(config: dict[str, Any], timeout: float = 900.0, replicas: int = 2) -> list[dict[str, Any]]:
     """Start ``replicas`` worker processes with the POLLUX_* contract, wait, return their results."""
     with tempfile.TemporaryDirectory(prefix="lbbsp-") as tmp:
         cfg_path = Path(tmp) / "config.json"
@@ -569,8 +569,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                              "updates at the steady window of ~3 steps, so the NARX predictor fits)")
     parser.add_argument("--log-dir", type=Path, default=None,
                         help="training sections: keep the replicas' logs (agent log lines) here")
-    parser.add_argument("--section-timeout", type=float, default=150.0,
-                        help="seconds a training section's replicas may run (default 150)")
+    parser.add_argument("--section-timeout", type=float, default=900.0,
+                        help="seconds a training section's replicas may run before the section fails "
+                             "as hung (default 900: the overhead section's 7200 steps took 5 min 20 s "
+                             "at 43 ms a step on the 2-core VM on 2026-11-28)")
     return parser.parse_args(argv)
 
 
