@@ -74,6 +74,11 @@ def test_litz_benchmark_quick_json_has_every_section():
         assert rows[0]["executors_per_worker"] == 1 and len(rows) >= 2, app
         assert rows[0]["relative"] == pytest.approx(1.0)
         assert all(_finite(r["epoch_s"]) and r["epoch_s"] > 0 for r in rows), app
+    # MLR's epochs leave out the driver's evaluation at each report (it takes time in every epoch)
+    assert op["mlr"]["config"]["d"] == 256 and op["mlr"]["config"]["classes"] == 50
+    assert all(r["epoch_s"] < r["epoch_with_eval_s"] for r in op["mlr"]["rows"])
+    assert op["mlr"]["rows"][0]["relative_with_eval"] == pytest.approx(1.0)
+    assert op["mlr_small"] is None  # the small model runs in the full benchmark only
 
     ssp = rep["ssp"]
     assert [r["staleness"] for r in ssp["rows"]] == [0, 1, 2]
