@@ -114,6 +114,7 @@ def test_equal_shares_matches_the_unbalanced_split():
         (lambda: CpuBalancer(evidence_z=float("nan")), "evidence_z"),
         (lambda: CpuBalancer(prior_noise=-0.1), "prior_noise"),
         (lambda: CpuBalancer(noise_window=3), "noise_window"),
+        (lambda: CpuBalancer(level_shift=0.0), "level_shift"),
         (lambda: NarxPredictor(refit_every=25, max_refit_every=10), "max_refit_every"),
         (lambda: GpuBalancer(delta=0), "delta"),
         (lambda: GpuBalancer(memory_fraction=1.5), "memory_fraction"),

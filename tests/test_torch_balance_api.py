@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 
+import numpy as np
 import pytest
 import torch
 
@@ -205,3 +206,66 @@ def test_short_steps_are_pooled_before_an_update() -> None:
         bal.after_step(cfg, (12, 12), 0.01, (a, b, 0.0, 0.0), 1, None, 0, 1.0)
     assert bal.shares == (16, 8) and bal.report is not None
     assert bal.report.step_times == pytest.approx((0.0025, 0.005))
+
+
+def _run_cpu_balancer(per_sample: list[tuple[float, float]], steps_each: int, seed: int = 0,
+                      level_shift: float | None = None) -> list[tuple[int, ...]]:
+    """Drive a CPU LoaderBalance as the agent does (each step's times reach it one step late) on 2
+    replicas of local batch 64 whose compute time is share × per-sample seconds (× 3 % noise); the
+    per-sample seconds change every ``steps_each`` steps. Returns the shares of every step."""
+    rng = np.random.default_rng(seed)
+    bal = LoaderBalance()
+    bal.set_mode("cpu")
+    if level_shift is not None:
+        bal.balancer.level_shift = level_shift  # type: ignore[union-attr]
+    cfg = BatchConfig(2, 64)
+    packet = None
+    out = []
+    for k in range(len(per_sample) * steps_each):
+        a = per_sample[k // steps_each]
+        shares = bal.shares_for(cfg, 1, None) or (64, 64)
+        times = [x * s * float(np.exp(0.03 * rng.standard_normal())) for x, s in zip(shares, a, strict=True)]
+        bal.after_step(cfg, shares, times[0], packet, 1, None, 0, float(k))
+        packet = (*times, 0.0, 0.0)
+        out.append(shares)
+    return out
+
+
+def _first_move_after(seq: list[tuple[int, ...]], at: int) -> tuple[int, tuple[int, ...]]:
+    """(steps after ``at``, shares) of the first change of shares after step ``at``."""
+    before = seq[at - 1]
+    assert abs(before[0] / before[1] - 2.0) < 0.2, before      # settled at 2 : 1 first
+    k = next(i for i in range(at, len(seq)) if seq[i] != before)
+    return k - at, seq[k]
+
+
+def test_cpu_balancer_takes_a_level_shift_from_the_measurement() -> None:
+    """Steps long enough for one-step windows: when the slowdown moves from replica 1 to replica 0,
+    the first move goes straight to the new balance point (1 : 2); with the predictions alone
+    (level_shift infinite) it is a partial move, and the real one comes later."""
+    speeds = [(0.0005, 0.001), (0.001, 0.0005)]        # rank 1 at half speed, then rank 0
+    _, moved = _first_move_after(_run_cpu_balancer(speeds, 60), 60)
+    assert abs(moved[1] / moved[0] - 2.0) < 0.2, moved
+    _, partial = _first_move_after(_run_cpu_balancer(speeds, 60, level_shift=float("inf")), 60)
+    assert partial[1] / partial[0] < 1.8, partial
+
+
+def test_cpu_window_restarts_when_the_slowdown_moves(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Short steps, pooled in windows of several: the window does not mix steps of before and after
+    the slowdown moved, so the move comes sooner than when it is pooled across the change
+    (SHIFT_FACTOR infinite), and straight to the new balance point."""
+    import pollux.torch.shares as shares_mod
+
+    speeds = [(0.0001, 0.0002), (0.0002, 0.0001)]
+    after, moved = _first_move_after(_run_cpu_balancer(speeds, 100), 100)
+    assert abs(moved[1] / moved[0] - 2.0) < 0.2, moved
+    monkeypatch.setattr(shares_mod, "SHIFT_FACTOR", float("inf"))
+    pooled_after, _ = _first_move_after(_run_cpu_balancer(speeds, 100), 100)
+    assert after <= 4 and pooled_after >= after + 3, (after, pooled_after)
+
+
+def test_cpu_window_noise_does_not_restart_it() -> None:
+    """Equal speeds with 3 % noise, long and short steps: the shares stay (nearly) equal."""
+    for a in (0.0005, 0.0001):
+        seq = _run_cpu_balancer([(a, a)], 200, seed=3)
+        assert all(abs(s[0] - s[1]) <= 4 for s in seq), sorted(set(seq))

@@ -214,13 +214,24 @@ class CpuBalancer:
     measured since the shares last changed, averaged over ``n`` updates, must predict a gain above
     ``max(tolerance, evidence_z · noise / √n)``. Equally fast replicas therefore stay put, a lasting
     imbalance is followed at once, and a small one (a few %) is corrected once enough steps show it.
+
+    A level shift (a replica's measured speed off its prediction by more than ``level_shift``, a
+    fraction; default 0.4, far above the step noise: a new 2× straggler gives 0.5, a slowdown that
+    moves from one replica to another 0.5 and 1.0) is taken from the measurement, not the
+    prediction: the predictors follow a shift over several updates, so their first proposal was a
+    partial move and the real one came an update or two later (in the LB-BSP benchmark, 4–7 steps
+    after the slowdown moved instead of 2–3). Speeds measured before a shift are then dropped from
+    the evidence and from the settling update's lines.
     """
 
     mode = "cpu"
 
     def __init__(self, predictor_factory: Callable[[], SpeedPredictor] | None = None,
                  tolerance: float = 0.005, noise_factor: float = 1.0, noise_window: int = 50,
-                 prior_noise: float = 0.2, evidence_z: float = 2.0) -> None:
+                 prior_noise: float = 0.2, evidence_z: float = 2.0, level_shift: float = 0.4) -> None:
+        if not (math.isfinite(level_shift) and level_shift > 0.0):
+            raise ValueError(f"level_shift: expected a positive fraction, got {level_shift!r}")
+        self.level_shift = float(level_shift)
         if not (math.isfinite(tolerance) and 0.0 <= tolerance < 1.0):
             raise ValueError(f"tolerance: expected a fraction in [0, 1), got {tolerance!r}")
         if not (math.isfinite(noise_factor) and noise_factor >= 0.0):
@@ -309,13 +320,22 @@ class CpuBalancer:
         speeds = np.empty(n)
         measured = np.where(x > 0, x / t, 0.0)
         before = self.predicted_speeds if self.predicted_speeds.size == n else None
+        any_shift = False
         for i, pred in enumerate(self.predictors):
+            shifted = False
             if x[i] > 0:
                 if before is not None and before[i] > 0:
-                    self._errors.append(abs(float(measured[i]) / float(before[i]) - 1.0))
+                    error = abs(float(measured[i]) / float(before[i]) - 1.0)
+                    self._errors.append(error)
                     self._errors_seen += 1
+                    shifted = error > self.level_shift
                 pred.observe(float(measured[i]), None if loads is None else loads[i])
-            speeds[i] = pred.predict()
+            speeds[i] = float(measured[i]) if shifted else pred.predict()
+            any_shift |= shifted
+        if any_shift:
+            # speeds measured before the shift are no evidence after it, nor a point of the settling
+            # update's lines (`_secant_split`): start both afresh from this measurement
+            self._held, self._speed_sum, self._held_n, self._before = None, np.zeros(0), 0, None
         held = tuple(int(v) for v in x)
         if held == self._held:
             self._speed_sum, self._held_n = self._speed_sum + measured, self._held_n + 1

@@ -62,6 +62,15 @@ BALANCE_WINDOW_MAX_S = 0.08
 #: proportional ones) and the next one settles it, and one step's times carry a few % of noise on a
 #: shared machine, which the dead band would then leave in place.
 FIRST_WINDOW_STEPS = 2
+#: A window restarts from the newest step when the replicas' speeds relative to each other changed by
+#: more than this factor against the window's mean (the largest over the smallest of the replicas'
+#: new/mean time ratios): pooled across such a change (a new straggler, a slowdown that moved), the
+#: mean times lie between the old and the new state, and the balancer made a partial move first and
+#: the real one a window later (4–7 steps after the change in the LB-BSP benchmark). Step-to-step
+#: noise on a shared 2-core VM stays below ~1.3; a replica slowed 2× gives 2, a slowdown that moves
+#: from one replica to the other 4. The restarted window pools FIRST_WINDOW_STEPS steps, so one
+#: hiccup alone does not move the shares.
+SHIFT_FACTOR = 1.5
 #: A replica whose device memory use is above this fraction may not grow its share (GPU algorithm).
 MEMORY_FRACTION = 0.95
 
@@ -85,6 +94,13 @@ def env_mode() -> str | None:
     """The default balance mode from ``POLLUX_BALANCE`` (unset or empty: off)."""
     text = os.environ.get(ENV_BALANCE, "").strip()
     return parse_mode(text, name=ENV_BALANCE) if text else None
+
+
+def speeds_shifted(mean: np.ndarray, new: np.ndarray, factor: float = SHIFT_FACTOR) -> bool:
+    """Whether the replicas' relative speeds changed by more than ``factor`` between a window's
+    mean times and a new step's (the largest over the smallest of the per-replica ratios)."""
+    ratio = new / mean
+    return bool(ratio.max() > factor * ratio.min())
 
 
 @dataclass(frozen=True, slots=True)
@@ -217,9 +233,15 @@ class LoaderBalance:
         if prev != (self.shares if self.shares is not None else (cfg.local_bsz,) * k):
             self.window = None
             return
-        # Steps with the same shares are pooled until they add up to the window (window_s).
+        # Steps with the same shares are pooled until they add up to the window (window_s), but
+        # not across a change of the replicas' relative speeds (SHIFT_FACTOR).
         if self.window is not None and self.window[0] == prev:
             summed, steps = self.window[1] + times, self.window[2] + 1
+            if speeds_shifted(self.window[1] / self.window[2], times, SHIFT_FACTOR):
+                summed, steps = times, 1
+                self.window_s = BALANCE_WINDOW_S
+                if isinstance(self.balancer, CpuBalancer):
+                    self.window_steps = FIRST_WINDOW_STEPS
         else:
             summed, steps = times, 1
         if float(summed.max()) < self.window_s or steps < self.window_steps:
