@@ -150,7 +150,7 @@ def test_cpu_window_pools_more_steps_while_the_shares_hold_and_skips_stale_times
     assert bal.window_steps == FIRST_WINDOW_STEPS
     bal.after_step(cfg, (10, 10), 0.05, None, 1, None, 0, 1.0)
     windows = []
-    for _ in range(8):                      # equal speeds: nothing moves, the window grows
+    for _ in range(20):                     # equal speeds: nothing moves, the window grows
         bal.after_step(cfg, (10, 10), 0.05, (0.05, 0.05, 0, 0), 1, None, 0, 1.0)
         windows.append(bal.window_s)
     assert bal.shares is None
