@@ -264,8 +264,20 @@ def test_cpu_window_restarts_when_the_slowdown_moves(monkeypatch: pytest.MonkeyP
     assert after <= 4 and pooled_after >= after + 3, (after, pooled_after)
 
 
-def test_cpu_window_noise_does_not_restart_it() -> None:
-    """Equal speeds with 3 % noise, long and short steps: the shares stay (nearly) equal."""
+def test_cpu_window_noise_does_not_restart_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Equal speeds with 3 % noise, long and short steps: no step counts as a shift of the replicas'
+    relative speeds, and the shares stay (nearly) equal."""
+    import pollux.torch.shares as shares_mod
+
+    shifts: list[bool] = []
+    real = shares_mod.speeds_shifted
+
+    def spy(mean: np.ndarray, new: np.ndarray, factor: float) -> bool:
+        shifts.append(real(mean, new, factor))
+        return shifts[-1]
+
+    monkeypatch.setattr(shares_mod, "speeds_shifted", spy)
     for a in (0.0005, 0.0001):
         seq = _run_cpu_balancer([(a, a)], 200, seed=3)
         assert all(abs(s[0] - s[1]) <= 4 for s in seq), sorted(set(seq))
+    assert shifts and not any(shifts), (len(shifts), sum(shifts))

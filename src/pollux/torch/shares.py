@@ -98,7 +98,7 @@ def env_mode() -> str | None:
     return parse_mode(text, name=ENV_BALANCE) if text else None
 
 
-def speeds_shifted(mean: np.ndarray, new: np.ndarray, factor: float = SHIFT_FACTOR) -> bool:
+def speeds_shifted(mean: np.ndarray, new: np.ndarray, factor: float) -> bool:
     """Whether the replicas' relative speeds changed by more than ``factor`` between a window's
     mean times and a new step's (the largest over the smallest of the per-replica ratios)."""
     ratio = new / mean
