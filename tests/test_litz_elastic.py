@@ -21,6 +21,11 @@ import litz_helpers as h  # noqa: E402
 from pollux.litz.records import RuntimeConfig  # noqa: E402
 from pollux.litz.runtime import LitzRuntime  # noqa: E402
 
+#: Iterations of the run whose two resize steps (four records) must all finish before it ends: each
+#: step waits for new actors, 1-4 s on the 2-core VM when the other pytest worker is busy (40
+#: iterations ended first there once, 2026-11-28), so the run lasts well beyond that.
+ITER_IN_FLIGHT = 120
+
 
 @pytest.fixture(scope="module")
 def cluster():
@@ -124,7 +129,7 @@ def test_resizes_with_tasks_in_flight_keep_executor_order(cluster, transport):
     # staleness 1: tasks are running while executors and rows move; each executor's state counts
     # its tasks and the driver checks the count, so a lost, repeated or reordered task fails the run.
     # Over the channel, batches and the Ray calls that move executors race on the worker's loop.
-    app = h.lsq_app(iterations=40, staleness=1)
+    app = h.lsq_app(iterations=ITER_IN_FLIGHT, staleness=1)
     cfg = h.config(num_executors=6, num_workers=2, num_shards=2, task_floor_s=0.015, **transport)
     node = ray.get_runtime_context().get_node_id()
     steps = [  # onto 3 workers on given Ray nodes: all new, as the first 2 had no node asked for
@@ -132,7 +137,7 @@ def test_resizes_with_tasks_in_flight_keep_executor_order(cluster, transport):
         lambda rt: rt.resize(num_workers=1, num_shards=3),
     ]
     summary = _run_steps(app, cfg, steps)
-    assert summary.tasks_completed == 240
+    assert summary.tasks_completed == 6 * ITER_IN_FLIGHT
     # the placed resize also replaces the two unplaced shards by shards on the listed node
     assert [(r["kind"], r["to"], r.get("replaced", 0)) for r in summary.resizes] == [
         ("workers", 3, 0),
