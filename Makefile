@@ -26,13 +26,8 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy
 
-# Two pytest workers (the CI machine has 2 cores): the tests that start Ray, the live service or a
-# benchmark run one after another on one of them (tests/conftest.py), the rest on the other; about
-# 13 min instead of 20 on the 2-core VM. `make test PYTEST_WORKERS=0` runs everything in one process.
-PYTEST_WORKERS ?= 2
-
 test: $(STAMP) lint
-	$(PY) -m pytest -q -n $(PYTEST_WORKERS) --dist loadgroup --durations=15
+	$(PY) -m pytest -q --durations=15
 
 bench: $(STAMP)
 	$(PY) benchmarks/goodput.py --data ../shared/data/pollux-osdi21/traces --json
