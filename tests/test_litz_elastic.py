@@ -22,8 +22,9 @@ from pollux.litz.records import RuntimeConfig  # noqa: E402
 from pollux.litz.runtime import LitzRuntime  # noqa: E402
 
 #: Iterations of the run whose two resize steps (four records) must all finish before it ends: each
-#: step waits for new actors, 1-4 s on the 2-core VM when the other pytest worker is busy (40
-#: iterations ended first there once, 2026-11-28), so the run lasts well beyond that.
+#: step waits for new actors, 1-4 s on the 2-core VM when other work shares the cores (40 iterations
+#: ended first there once, 2026-11-28, and with two busy loops beside it every time), so the run
+#: lasts well beyond that.
 ITER_IN_FLIGHT = 120
 
 
