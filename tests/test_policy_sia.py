@@ -362,11 +362,11 @@ def test_one_node_counts_are_never_split_over_nodes() -> None:
     assert wide.place(0, 8).tolist() == [0, 4, 4]         # more than a node: packed as before
 
 
-def test_fallback_keeps_the_current_allocation() -> None:
+def _fallback_case(model: GoodputModel, limits: BatchLimits) -> tuple[dict, list[str], dict[str, float]]:
+    """Job a holds 2 GPUs on aws-0 and the program chose 4, but no node has 4 free (aws-0: 1 + a's 2
+    free, aws-1: 2 free). Returns where it went, the fallbacks, and the program's cost of each option."""
     from pollux.policy.sia import _Nodes
     cluster = parse_cluster("aws:2x4")
-    model, limits = random_model(np.random.default_rng(5))
-    limits = replace(limits, max_batch_size=max(float(limits.max_batch_size or 0), 8 * limits.min_local_bsz))
     a = JobView(id="a", submit_time=0.0, age_s=5000.0, allocation={"aws-0": 2}, max_replicas=8,
                 model=model, limits=limits, max_replicas_seen=2)
     policy = SiaPolicy()
@@ -377,8 +377,43 @@ def test_fallback_keeps_the_current_allocation() -> None:
     nodes = _Nodes(cluster, pinned)
     alloc: dict = {}
     fell = policy._place(table, four, [a], np.array([[2, 0]]), nodes, cluster, alloc)
-    assert fell == ["a"]
+    costs = {"keep": policy._cost_of(table, 0, a, cluster, 0, 2, 1, changed=False),
+             "split": policy._cost_of(table, 0, a, cluster, 0, 4, 2, changed=True),
+             "one": policy._cost_of(table, 0, a, cluster, 0, 1, 1, changed=True)}
+    return alloc, fell, costs
+
+
+def test_fallback_takes_the_cheapest_placeable_option() -> None:
+    """When the chosen count fits no single node, the job keeps its GPUs, or takes the count over two
+    nodes, or a smaller count — whichever the program's own cost prefers (seeded random models)."""
+    seen = set()
+    for seed in range(40):
+        model, limits = random_model(np.random.default_rng(seed))
+        limits = replace(limits, max_batch_size=max(float(limits.max_batch_size or 0),
+                                                    8 * limits.min_local_bsz))
+        alloc, fell, costs = _fallback_case(model, limits)
+        assert fell == ["a"]
+        best = min(costs, key=costs.__getitem__)
+        expected = {"keep": {"aws-0": 2}, "split": {"aws-0": 3, "aws-1": 1}, "one": {"aws-1": 1}}[best]
+        if best == "one":
+            continue        # the best-fit node for 1 GPU: not pinned down here
+        assert alloc["a"] == expected, (seed, costs)
+        seen.add(best)
+    assert seen == {"keep", "split"}
+
+
+def test_fallback_keeps_or_splits_by_how_fast_nodes_sync() -> None:
+    model, limits = random_model(np.random.default_rng(5))
+    limits = replace(limits, max_batch_size=max(float(limits.max_batch_size or 0), 8 * limits.min_local_bsz))
+    p = model.throughput_params
+    slow = replace(model, throughput_params=replace(p, alpha_node=1.0, beta_node=0.2))
+    alloc, fell, costs = _fallback_case(slow, limits)
+    assert fell == ["a"] and costs["keep"] < costs["split"]
     assert alloc["a"] == {"aws-0": 2}        # not moved to aws-1 (the fullest node for 2 GPUs)
+    fast = replace(model, throughput_params=replace(p, alpha_node=p.alpha_local, beta_node=p.beta_local))
+    alloc, _, costs = _fallback_case(fast, limits)
+    assert costs["split"] < costs["keep"]    # syncing across nodes as cheaply as within one
+    assert alloc["a"] == {"aws-0": 3, "aws-1": 1}
 
 
 def test_default_lambda_n_admits_a_waiting_job_by_shrinking_another() -> None:

@@ -27,14 +27,16 @@ to stdout, an upstream debug print, ERGO-Code/HiGHS#2783; it does not affect the
 
 Placement (per type, nodes of that type only): jobs whose configuration is unchanged keep their
 nodes; the others, largest first, go on one node when they fit one (the fullest node that fits,
-to keep whole nodes free). A count of at most one node's GPUs is placed on one node only — the
+to keep whole nodes free). A count of at most one node's GPUs goes on one node whenever one has room — the
 program valued it on one node (a 4-GPU job split 2 + 2 over two T4 nodes syncs across nodes and
 blocks both nodes for other distributed jobs); larger counts are packed on the fewest nodes that
 hold no other distributed job (at most one distributed job per node, SPEC §5). A chosen count
-that cannot be placed because the free GPUs of its type are fragmented falls back to the job's
-current allocation when it is on that type and still fits as it is (no restart for nothing),
-else to the job's next smaller candidate count on that type that can be placed (and to no GPUs if
-none can); such jobs are listed in the state's ``fallbacks``.
+that cannot be placed so because the free GPUs of its type are fragmented (listed in the state's
+``fallbacks``) falls back to the cheapest, by the program's own cost, of what can be placed: the
+job's current allocation (when it is on that type and still fits as it is: no restart), the chosen
+count packed over several nodes free of other distributed jobs (valued with the goodput on that
+many nodes, so a job that syncs slowly across nodes stays where it is), and the job's next smaller
+candidate count on one node; no GPUs if none fits.
 
 Measured (seed 0, the 8 pollux-osdi21 workloads on 16 x 4; mean average JCT / restarts per job):
 λ_n 1.1 2728 s / 2.91 → λ_n 3 2717 s / 2.92 (λ_n 10: the same as 3); + keeping the current
@@ -45,7 +47,10 @@ allocation may reach 4 GPUs instead of growing 1 → 4 by a restart) 2652 s / 1.
 workloads: 2669 s / 2.36 measured on 2026-11-24 → 2642 s / 1.88). Tried after that and not
 adopted: a second program over the jobs whose chosen count could not be placed, on the GPUs left
 (fallbacks 520 → 18 in the 8 runs; 2642 s on the 8 workloads, but 2654 s against 2642 s on the
-held-out ones).
+held-out ones). The cheapest-option fallback above (it used to take the current allocation, else
+the next smaller count, never a split): 2652 s / 1.96 → 2644 s / 2.04 on the 8 workloads, 2642 s /
+1.88 → 2639 s on the 8 held-out ones; the common case was a 2-GPU job chosen for 4 with no node
+holding 4 free, which kept its 2 while 2–10 GPUs stayed idle (workload-2: 154 of 163 fallbacks).
 With λ_n = 1.1, workload-2 had 252 job-rounds of jobs waiting behind 2-GPU jobs (ncf p99 JCT
 949 s against Pollux's 128 s): admitting a job at 1 GPU gained only (λ_n − 1) × its cost, while
 shrinking a 2-GPU job to make room cost about three times that; with λ_n = 3, none waited.
@@ -70,10 +75,18 @@ import numpy as np
 from scipy.optimize import Bounds, LinearConstraint, milp
 from scipy.sparse import csr_array, vstack
 
+from pollux.goodput import BatchLimits
 from pollux.goodput.threads import one_blas_thread
 from pollux.policy.base import Allocation, Cluster, JobView, PolicyState
 from pollux.policy.placement import place_packed
-from pollux.policy.sia_configs import ConfigTable, GoodputCache, build_configs, check_options
+from pollux.policy.sia_configs import (
+    G_FLOOR,
+    ConfigTable,
+    GoodputCache,
+    build_configs,
+    check_options,
+    utility_cost,
+)
 
 #: Version tag of the (diagnostic) state this policy returns.
 STATE_VERSION = 1
@@ -311,16 +324,53 @@ class SiaPolicy:
             row = nodes.place(t, n)
             if row is None:
                 fallbacks.append(jobs[j].id)
-                held = int(cur[j].sum())
-                if held and int(cur[j][nodes.type_of == t].sum()) == held and nodes.fits_as_is(cur[j], j):
-                    row = cur[j]                    # keep what it runs on: no restart for nothing
-                for smaller in () if row is not None else sorted(table.counts[j].get(t, ()), reverse=True):
-                    if smaller < n:
-                        row = nodes.place(t, smaller)
-                        if row is not None:
-                            break
+                row = self._fallback(table, j, jobs[j], cur[j], t, n, nodes, cluster)
             if row is None:
                 continue
             nodes.take(row, j)
             alloc[jobs[j].id] = {cluster.nodes[k]: int(row[k]) for k in np.flatnonzero(row)}
         return fallbacks
+
+    def _fallback(self, table: ConfigTable, j: int, job: JobView, cur: np.ndarray, t: int, n: int,
+                  nodes: _Nodes, cluster: Cluster) -> np.ndarray | None:
+        """Where job j goes when its chosen ``n`` GPUs of type t fit no single node: the cheapest,
+        by the program's own cost, of what can be placed — its current allocation (when it is on
+        that type and fits as it is), ``n`` GPUs packed over several nodes (valued on those nodes),
+        and each smaller candidate count on one node — or None when nothing fits."""
+        options: list[tuple[float, np.ndarray]] = []
+        held = int(cur.sum())
+        if held and int(cur[nodes.type_of == t].sum()) == held and nodes.fits_as_is(cur, j):
+            options.append((self._cost_of(table, j, job, cluster, t, held, int(np.count_nonzero(cur)),
+                                          changed=False), cur))
+        mine = nodes.type_of == t
+        split = place_packed(n, np.where(mine & (nodes.owner == -1), nodes.free, 0))
+        if split is not None:
+            options.append((self._cost_of(table, j, job, cluster, t, n, int(np.count_nonzero(split)),
+                                          changed=True), split))
+        for smaller in sorted(table.counts[j].get(t, ()), reverse=True):
+            if smaller < n:
+                row = nodes.place(t, smaller)
+                if row is not None:
+                    options.append((self._cost_of(table, j, job, cluster, t, smaller,
+                                                  int(np.count_nonzero(row)), changed=True), row))
+                    break
+        if not options:
+            return None
+        return min(options, key=lambda o: o[0])[1]
+
+    def _cost_of(self, table: ConfigTable, j: int, job: JobView, cluster: Cluster, t: int, count: int,
+                 num_nodes: int, *, changed: bool) -> float:
+        """The program's cost of job j on ``count`` GPUs of type t over ``num_nodes`` nodes."""
+        name = table.types[t]
+        model = job.model_for(name)
+        if model is None or table.norm[j] <= 0.0:
+            good = float(count)                         # no model: G = GPUs (fewest GPUs = 1)
+        else:
+            limits = job.limits_for(name) or BatchLimits(model.init_batch_size)
+            raw = self._cache.goodput(model, limits, np.asarray([num_nodes]), np.asarray([count]))
+            good = float(raw[0]) / float(table.norm[j])
+        f = float(table.factor[j]) if changed else 1.0
+        cost = float(utility_cost(np.asarray([max(good, G_FLOOR) * f]), self.p)[0])
+        if changed and table.running[j]:
+            cost += self.lambda_a_for(cluster)
+        return cost

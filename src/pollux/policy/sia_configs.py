@@ -68,6 +68,11 @@ class ConfigTable:
     cost: np.ndarray
     idle_cost: np.ndarray
     counts: tuple[dict[int, tuple[int, ...]], ...]
+    #: Per job: the goodput normaliser (G = goodput / norm; 0 for a job without a model), the
+    #: re-allocation factor of a changed configuration, and whether it runs now (λ_a applies).
+    norm: np.ndarray
+    factor: np.ndarray
+    running: np.ndarray
 
     @property
     def size(self) -> int:
@@ -176,6 +181,8 @@ def build_configs(
     changed_l: list[np.ndarray] = []
     factor_l: list[np.ndarray] = []
     counts_out: list[dict[int, tuple[int, ...]]] = []
+    norm_a = np.zeros(len(jobs))
+    f_a = np.ones(len(jobs))
     for j, job in enumerate(jobs):
         cur = current_config(job, cluster, node_index, node_type)
         lo = max(int(job.min_replicas), 1)
@@ -231,6 +238,8 @@ def build_configs(
         if not no_model:
             norm = best1 if best1 > 0.0 else float(min(r[2].min() for r in raw))
         f = max(restart_factor(job, restart_penalty_s), min_factor)
+        norm_a[j] = 0.0 if no_model else norm
+        f_a[j] = f
         for t, cand, good in raw:
             job_l.append(np.full(cand.size, j, dtype=np.int64))
             type_l.append(np.full(cand.size, t, dtype=np.int64))
@@ -250,7 +259,7 @@ def build_configs(
     good_a = cat(good_l, np.float64)
     factor_a = cat(factor_l, np.float64)
     x = np.maximum(good_a, G_FLOOR) * factor_a
-    cost = _cost(x, p)
+    cost = utility_cost(x, p)
     running = np.array([current_config(job, cluster, node_index, node_type) is not None for job in jobs],
                        dtype=bool)
     changed_a = cat(changed_l, bool)
@@ -273,11 +282,11 @@ def build_configs(
     return ConfigTable(
         job_ids=tuple(job.id for job in jobs), types=types, job=job_a, gtype=type_a, count=count_a,
         goodput=good_a, changed=changed_a, cost=cost,
-        idle_cost=idle, counts=tuple(counts_out),
+        idle_cost=idle, counts=tuple(counts_out), norm=norm_a, factor=f_a, running=running,
     )
 
 
-def _cost(x: np.ndarray, p: float) -> np.ndarray:
+def utility_cost(x: np.ndarray, p: float) -> np.ndarray:
     """Cost whose sum the program minimises: ``x^p`` for p < 0, ``−x^p`` for p > 0 (−u of problem.py)."""
     if p < 0.0:
         return np.power(x, p)
