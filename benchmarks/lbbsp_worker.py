@@ -25,8 +25,8 @@ times, and the time per sample grows with the batch, so the balance point measur
 Not timed live: the backward pass under DDP includes the wait for the other replica, and a live
 forward time on a shared 2-core machine carries every preemption into the delay.
 
-The model is the example's ``DigitsCNN`` with its convolution channels multiplied by ``width``
-(``width`` 1 is the example's network): with one thread the example's network computes a local batch
+The model is the example's ``DigitsCNN`` with its convolution channels multiplied by ``width`` (its
+``--width``; 1 is the example's default network): with one thread the example's network computes a local batch
 of 64 in about 2 ms, less than the agent's and DDP's fixed per-step work, so a balancer could not
 show the effect it has on real models, whose compute dominates the step.
 
@@ -48,7 +48,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import torch.nn as nn
 import torch.nn.functional as F
 
 import pollux.torch as ptorch
@@ -63,23 +62,6 @@ def load_example() -> Any:
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
-
-
-class WideDigitsCNN(nn.Module):
-    """The example's ``DigitsCNN`` (two 3×3 convolutions, a 2×2 max-pool, two linear layers) with
-    ``width`` times its convolution channels."""
-
-    def __init__(self, width: int) -> None:
-        super().__init__()
-        self.conv1 = nn.Conv2d(1, 16 * width, 3, padding=1)
-        self.conv2 = nn.Conv2d(16 * width, 32 * width, 3, padding=1)
-        self.fc1 = nn.Linear(32 * width * 4 * 4, 64)
-        self.fc2 = nn.Linear(64, 10)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = F.relu(self.conv1(x))
-        x = F.max_pool2d(F.relu(self.conv2(x)), 2)
-        return self.fc2(F.relu(self.fc1(torch.flatten(x, 1))))
 
 
 def busy_wait(seconds: float) -> None:
@@ -136,7 +118,7 @@ def main() -> int:
     torch.manual_seed(config.get("seed", 0))
     train_set, _, _ = example.load_data()
     width = int(config.get("width", 1))
-    net = example.DigitsCNN() if width == 1 else WideDigitsCNN(width)
+    net = example.DigitsCNN(width)
     m = int(config["batch_size"])
     xs, ys = train_set.tensors
     per_example = calibrate(net, xs, ys, m)

@@ -181,3 +181,22 @@ def test_agent_overhead_benchmark_smoke():
     assert out["overhead"] == pytest.approx(out["step_time_adp_s"] / out["step_time_ddp_s"] - 1)
     assert out["adp_optimizer_steps"] == 1 + 3       # warm-up and timed steps, statistics every step
     assert out["max_param_diff"] < 1e-4               # both copies did the same training
+
+
+def test_digits_width_widens_the_convolutions_and_rejects_zero():
+    """``--width W`` multiplies the convolution channels (1: the default network, unchanged); a width
+    below 1 is refused by name before any training."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("digits_example_width", TRAIN)
+    assert spec is not None and spec.loader is not None
+    example = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(example)
+    default, wide = example.DigitsCNN(), example.DigitsCNN(4)
+    assert (default.conv1.out_channels, default.conv2.out_channels) == (16, 32)
+    assert (wide.conv1.out_channels, wide.conv2.out_channels) == (64, 128)
+    assert sum(p.numel() for p in default.parameters()) < 40_000
+    with pytest.raises(ValueError, match="width"):
+        example.DigitsCNN(0)
+    proc = subprocess.run([sys.executable, str(TRAIN), "--width", "0"], capture_output=True, text=True,
+                          env=clean_env(), timeout=TIMEOUT)
+    assert proc.returncode != 0 and "--width: must be >= 1" in proc.stderr

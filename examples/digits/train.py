@@ -23,10 +23,13 @@ that all finish their compute together; the shares are logged (``batch shares ..
 compute time for the batch it holds, estimated as 3× its forward pass of that batch (a backward pass
 costs about twice a forward one; the backward's own time would include the wait for the all-reduce),
 so that it runs at about 1/F speed. The delay busy-waits, as a slower device would be busy: a sleep of
-a millisecond can oversleep by several on a loaded machine::
+a millisecond can oversleep by several on a loaded machine. ``--width 4`` (4× the convolution
+channels) makes the compute, which the delay doubles, dominate the step; with the default network the
+per-step work of DDP and the agent does, and balancing has little to win::
 
-    .venv/bin/torchrun --nproc_per_node=2 examples/digits/train.py --slow-rank 1 --slow-factor 2
-    .venv/bin/torchrun --nproc_per_node=2 examples/digits/train.py --slow-rank 1 --slow-factor 2 \
+    .venv/bin/torchrun --nproc_per_node=2 examples/digits/train.py --width 4 --slow-rank 1 --slow-factor 2 \
+        --balance off
+    .venv/bin/torchrun --nproc_per_node=2 examples/digits/train.py --width 4 --slow-rank 1 --slow-factor 2 \
         --balance auto
 """
 
@@ -63,13 +66,21 @@ log = logging.getLogger("digits")
 
 
 class DigitsCNN(nn.Module):
-    """Two 3×3 convolutions, one 2×2 max-pool, two linear layers (≈ 38 k parameters)."""
+    """Two 3×3 convolutions, one 2×2 max-pool, two linear layers (≈ 38 k parameters at ``width`` 1).
 
-    def __init__(self) -> None:
+    ``width`` multiplies the convolution channels (``--width``): with one thread the default network
+    computes a local batch of 64 in about 2 ms, less than the per-step work of DDP and the agent, so
+    a slowed replica (``--slow-rank``) barely slows the step and balancing has little to win; at
+    width 4 the compute dominates the step, as on real models.
+    """
+
+    def __init__(self, width: int = 1) -> None:
         super().__init__()
-        self.conv1 = nn.Conv2d(1, 16, 3, padding=1)
-        self.conv2 = nn.Conv2d(16, 32, 3, padding=1)
-        self.fc1 = nn.Linear(32 * 4 * 4, 64)
+        if width < 1:
+            raise ValueError(f"width: must be >= 1, got {width}")
+        self.conv1 = nn.Conv2d(1, 16 * width, 3, padding=1)
+        self.conv2 = nn.Conv2d(16 * width, 32 * width, 3, padding=1)
+        self.fc1 = nn.Linear(32 * width * 4 * 4, 64)
         self.fc2 = nn.Linear(64, 10)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -187,9 +198,15 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--type-speed", default=None, metavar="T=S,...",
                    help="emulate GPU types on CPU: a replica on a node of type T (POLLUX_GPU_TYPE) runs at "
                         "S / max(S) speed, e.g. 'a100=3,t4=1' (injected delay as --slow-factor; logged)")
+    p.add_argument("--width", type=int, default=1, metavar="W",
+                   help="multiply the network's convolution channels by W (default 1; 4 makes compute "
+                        "dominate the step, for the --slow-rank demonstration of --balance)")
     p.add_argument("--json-epochs", action="store_true",
                    help='also print one JSON line per epoch on stdout ({"event": "epoch", ...}, rank 0)')
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    if args.width < 1:
+        p.error(f"--width: must be >= 1, got {args.width}")
+    return args
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -207,7 +224,7 @@ def main(argv: list[str] | None = None) -> int:
     torch.manual_seed(args.seed)          # the same initial weights on every replica
     train_set, x_test, y_test = load_data()
 
-    net = DigitsCNN()
+    net = DigitsCNN(args.width)
     optimizer = torch.optim.SGD(net.parameters(), lr=args.lr, momentum=0.9)
     model = ptorch.AdaptiveDataParallel(net, optimizer)     # restores model and optimiser if resuming
     loader = ptorch.AdaptiveDataLoader(train_set, batch_size=args.batch_size, shuffle=True, seed=args.seed)
