@@ -127,6 +127,30 @@ def test_program_optimum_equals_brute_force(seed: int) -> None:
     assert (used <= free).all()
 
 
+@pytest.mark.parametrize("seed", range(8))
+def test_fallback_costs_are_the_programs_costs(seed: int) -> None:
+    """``SiaPolicy._cost_of`` (how the placement values an option the table does not list) gives every
+    configuration the table lists exactly the table's cost: jobs with and without models, on types
+    with and without one, running or not, min == max replicas, λ_a on a mixed cluster."""
+    from pollux.policy.sia_configs import current_config
+    rng = np.random.default_rng(2000 + seed)
+    cluster = parse_cluster("aws:3x4,dgx-ext:2x8")
+    jobs = random_jobs(rng, cluster, 10, pinned_ok=False)
+    # and a job without a model that needs at least 2 GPUs (its G is GPUs over 2, not GPUs)
+    jobs.append(JobView(id="nomodel2", submit_time=5.0, age_s=100.0, min_replicas=2, max_replicas=8))
+    policy = SiaPolicy()
+    table = policy.table(jobs, cluster, np.array(list(cluster.type_capacity().values())))
+    node_size = {t: int(cluster.capacity()[cluster.type_index() == t].max()) for t in range(len(table.types))}
+    idx, types = cluster.index(), cluster.type_index()
+    assert table.size > 0 and not table.running.all() and table.running.any()
+    for k in range(table.size):
+        j, t, n = int(table.job[k]), int(table.gtype[k]), int(table.count[k])
+        cur = current_config(jobs[j], cluster, idx, types)
+        nodes = cur[2] if cur is not None and (cur[0], cur[1]) == (t, n) else -(-n // node_size[t])
+        got = policy._cost_of(table, j, jobs[j], cluster, t, n, nodes, changed=bool(table.changed[k]))
+        assert got == pytest.approx(float(table.cost[k]), rel=1e-12), (k, jobs[j].id, t, n)
+
+
 def test_idle_cost_is_worse_than_every_configuration() -> None:
     rng = np.random.default_rng(7)
     cluster = parse_cluster("aws:2x4,rtx:1x8,dgx-ext:1x8")

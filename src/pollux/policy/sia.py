@@ -79,14 +79,7 @@ from pollux.goodput import BatchLimits
 from pollux.goodput.threads import one_blas_thread
 from pollux.policy.base import Allocation, Cluster, JobView, PolicyState
 from pollux.policy.placement import place_packed
-from pollux.policy.sia_configs import (
-    G_FLOOR,
-    ConfigTable,
-    GoodputCache,
-    build_configs,
-    check_options,
-    utility_cost,
-)
+from pollux.policy.sia_configs import ConfigTable, GoodputCache, build_configs, check_options, config_cost
 
 #: Version tag of the (diagnostic) state this policy returns.
 STATE_VERSION = 1
@@ -338,11 +331,11 @@ class SiaPolicy:
         that type and fits as it is), ``n`` GPUs packed over several nodes (valued on those nodes),
         and each smaller candidate count on one node — or None when nothing fits."""
         options: list[tuple[float, np.ndarray]] = []
+        mine = nodes.type_of == t
         held = int(cur.sum())
-        if held and int(cur[nodes.type_of == t].sum()) == held and nodes.fits_as_is(cur, j):
+        if held and int(cur[mine].sum()) == held and nodes.fits_as_is(cur, j):
             options.append((self._cost_of(table, j, job, cluster, t, held, int(np.count_nonzero(cur)),
                                           changed=False), cur))
-        mine = nodes.type_of == t
         split = place_packed(n, np.where(mine & (nodes.owner == -1), nodes.free, 0))
         if split is not None:
             options.append((self._cost_of(table, j, job, cluster, t, n, int(np.count_nonzero(split)),
@@ -360,17 +353,17 @@ class SiaPolicy:
 
     def _cost_of(self, table: ConfigTable, j: int, job: JobView, cluster: Cluster, t: int, count: int,
                  num_nodes: int, *, changed: bool) -> float:
-        """The program's cost of job j on ``count`` GPUs of type t over ``num_nodes`` nodes."""
+        """The program's cost of job j on ``count`` GPUs of type t over ``num_nodes`` nodes (the
+        values of :func:`build_configs`, for a placement the table does not list)."""
         name = table.types[t]
         model = job.model_for(name)
-        if model is None or table.norm[j] <= 0.0:
-            good = float(count)                         # no model: G = GPUs (fewest GPUs = 1)
+        if model is None:                               # no model: GPUs over its fewest on the type
+            raw = count / table.counts[j][t][0]
         else:
             limits = job.limits_for(name) or BatchLimits(model.init_batch_size)
-            raw = self._cache.goodput(model, limits, np.asarray([num_nodes]), np.asarray([count]))
-            good = float(raw[0]) / float(table.norm[j])
-        f = float(table.factor[j]) if changed else 1.0
-        cost = float(utility_cost(np.asarray([max(good, G_FLOOR) * f]), self.p)[0])
-        if changed and table.running[j]:
-            cost += self.lambda_a_for(cluster)
-        return cost
+            raw = float(self._cache.goodput(model, limits, np.asarray([num_nodes]), np.asarray([count]))[0])
+        cost = config_cost(np.asarray([raw / table.norm[j]]),
+                           np.asarray([table.factor[j] if changed else 1.0]),
+                           np.asarray([changed and bool(table.running[j])]), self.p,
+                           self.lambda_a_for(cluster))
+        return float(cost[0])

@@ -68,8 +68,10 @@ class ConfigTable:
     cost: np.ndarray
     idle_cost: np.ndarray
     counts: tuple[dict[int, tuple[int, ...]], ...]
-    #: Per job: the goodput normaliser (G = goodput / norm; 0 for a job without a model), the
-    #: re-allocation factor of a changed configuration, and whether it runs now (λ_a applies).
+    #: Per job: the goodput normaliser (G = goodput / norm; 1 for a job without a model, whose
+    #: goodput is its GPUs over its fewest GPUs on the type), the re-allocation factor of a changed
+    #: configuration, and whether it runs now (λ_a applies). With them :func:`config_cost` values a
+    #: configuration the table does not list (the placement's fallbacks) exactly as the program would.
     norm: np.ndarray
     factor: np.ndarray
     running: np.ndarray
@@ -238,7 +240,7 @@ def build_configs(
         if not no_model:
             norm = best1 if best1 > 0.0 else float(min(r[2].min() for r in raw))
         f = max(restart_factor(job, restart_penalty_s), min_factor)
-        norm_a[j] = 0.0 if no_model else norm
+        norm_a[j] = norm
         f_a[j] = f
         for t, cand, good in raw:
             job_l.append(np.full(cand.size, j, dtype=np.int64))
@@ -258,13 +260,10 @@ def build_configs(
     job_a = cat(job_l, np.int64)
     good_a = cat(good_l, np.float64)
     factor_a = cat(factor_l, np.float64)
-    x = np.maximum(good_a, G_FLOOR) * factor_a
-    cost = utility_cost(x, p)
     running = np.array([current_config(job, cluster, node_index, node_type) is not None for job in jobs],
                        dtype=bool)
     changed_a = cat(changed_l, bool)
-    if lambda_a and job_a.size:
-        cost = cost + lambda_a * (changed_a & running[job_a])
+    cost = config_cost(good_a, factor_a, changed_a & running[job_a], p, lambda_a)
     type_a = cat(type_l, np.int64)
     count_a = cat(count_l, np.int64)
     idle = np.zeros(len(jobs))
@@ -284,6 +283,14 @@ def build_configs(
         goodput=good_a, changed=changed_a, cost=cost,
         idle_cost=idle, counts=tuple(counts_out), norm=norm_a, factor=f_a, running=running,
     )
+
+
+def config_cost(goodput: np.ndarray, factor: np.ndarray, changed_running: np.ndarray, p: float,
+                lambda_a: float) -> np.ndarray:
+    """The program's cost of configurations: ``utility_cost(max(G, G_FLOOR) · f, p)`` plus λ_a where a
+    running job would change (``f`` is 1 on a job's current configuration)."""
+    cost = utility_cost(np.maximum(goodput, G_FLOOR) * factor, p)
+    return cost + lambda_a * changed_running if lambda_a else cost
 
 
 def utility_cost(x: np.ndarray, p: float) -> np.ndarray:
