@@ -13,26 +13,24 @@ CONFIG: ``{"batch_size": M, "width": w, "seed": s, "cores": [core per rank] | nu
 "switch": [iteration, rank] | null}]}``. ``switch`` moves the slowdown to another rank at that
 iteration of the block (counted from the block's first step).
 
-The injected slowdown makes the slow replica's compute take twice as long: between forward and backward
-it busy-waits (as a slower device would be busy; a sleep oversleeps on a loaded machine) for its own
-compute time of the batch it holds, ``len(x)`` times its forward + backward seconds per example,
-calibrated per replica on a local copy of the model before training: the slope of the median of 30
-timed passes between batches of M/4 and 3M/4. The slope, not the time of one batch over its size:
-the per-step work that does not grow with the batch is the same on both replicas, so only the
-per-example part is doubled and, with time linear in the batch and equally fast cores, the
-equal-finish shares are 2 : 1 (on the 2-core VM the cores' own speeds differ by up to ~30 % at
-times, and the time per sample grows with the batch, so the balance point measured is 1.8–2.4 : 1).
-Not timed live: the backward pass under DDP includes the wait for the other replica, and a live
-forward time on a shared 2-core machine carries every preemption into the delay.
+The injected slowdown makes the slow replica a device at half speed: it computes each batch it holds
+twice over (the batch concatenated with itself, so the loss, the mean over the doubled batch, has the
+same gradient), and so takes as long for x samples as the other replica takes for 2x. The balance
+point is then 2 : 1 for any shape of compute time against batch size (per-step costs that do not grow
+with the batch, per-sample costs that grow with it) and follows the core's own speed live. (Until
+2026-11-28 the slow replica busy-waited for a per-example time calibrated before training, as a slope
+between batches of M/4 and 3M/4; with per-sample time growing with the batch that put the balance
+point at 1.8-1.85 : 1 on this VM, not 2 : 1.) The calibration is kept as a reading of the core's
+speed for the report (``compute_s_per_example``).
 
 The model is the example's ``DigitsCNN`` with its convolution channels multiplied by ``width`` (its
 ``--width``; 1 is the example's default network): with one thread the example's network computes a local batch
 of 64 in about 2 ms, less than the agent's and DDP's fixed per-step work, so a balancer could not
 show the effect it has on real models, whose compute dominates the step.
 
-Each replica writes per block: the wall time of every epoch, the size of its local batch at every
-step (the parent pairs them up into shares) and, per step, the agent's latest balancer report from
-``to_scalars()`` (the shares it chose and the compute times per rank it measured, or null).
+Each replica writes per block: the wall time of every epoch and of every step, the size of its local
+batch at every step (the parent pairs them up into shares) and, per step, the agent's latest balancer
+report from ``to_scalars()`` (the shares it chose and the compute times per rank it measured, or null).
 """
 
 from __future__ import annotations
@@ -64,12 +62,6 @@ def load_example() -> Any:
     return module
 
 
-def busy_wait(seconds: float) -> None:
-    end = time.perf_counter() + seconds
-    while time.perf_counter() < end:
-        pass
-
-
 def timed_pass(net: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, reps: int = 30) -> float:
     """Median seconds of a forward + backward pass of ``net`` on the batch ``x`` (5 passes warm up)."""
     times = []
@@ -92,6 +84,15 @@ def calibrate(net: torch.nn.Module, xs: torch.Tensor, ys: torch.Tensor, m: int) 
     t_small = timed_pass(local, xs[:small], ys[:small])
     t_large = timed_pass(local, xs[:large], ys[:large])
     return max(t_large - t_small, 0.0) / (large - small)
+
+
+def pin_process(core: int) -> None:
+    """Move every thread of this process (the main one and gloo's) to ``core``."""
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            os.sched_setaffinity(int(tid), {core})
+        except OSError:            # a thread that ended meanwhile
+            pass
 
 
 def balance_report(scalars: dict[str, float]) -> list[list[float]] | None:
@@ -126,23 +127,34 @@ def main() -> int:
     model = ptorch.AdaptiveDataParallel(net, optimizer)
     loader = ptorch.AdaptiveDataLoader(train_set, batch_size=m, shuffle=True, seed=config.get("seed", 0))
 
+    swap = bool(config.get("swap_cores")) and bool(cores) and len(cores) >= 2
+    steps_run = [0]          # steps since the start, the same count on every replica
+
     def epoch(slow: bool, sizes: list[int] | None = None, switch: tuple[int, int] | None = None,
-              step0: int = 0, reports: list[Any] | None = None) -> float:
-        t_start = time.perf_counter()
+              step0: int = 0, reports: list[Any] | None = None, walls: list[float] | None = None
+              ) -> float:
+        t_start = t_step = time.perf_counter()
         step = step0
         for x, y in loader:
             if switch is not None and step >= switch[0]:
                 slow = rank == switch[1]
+            if swap:             # the replicas trade cores every step: equal hardware on average
+                pin_process(int(cores[(rank + steps_run[0]) % 2]))
+            steps_run[0] += 1
             optimizer.zero_grad()
+            if slow:            # half speed: the batch twice over, the same mean gradient (docstring)
+                x, y = torch.cat([x, x]), torch.cat([y, y])
             loss = F.cross_entropy(model(x), y)
-            if slow:
-                busy_wait(per_example * len(y))
             loss.backward()
             optimizer.step()
             if sizes is not None:
-                sizes.append(len(y))
+                sizes.append(len(y) // 2 if slow else len(y))
             if reports is not None:
                 reports.append(balance_report(model.to_scalars()))
+            if walls is not None:
+                now = time.perf_counter()
+                walls.append(now - t_step)
+                t_step = now
             step += 1
         return time.perf_counter() - t_start
 
@@ -154,13 +166,14 @@ def main() -> int:
         loader.balance_batches(block["balance"])
         sizes: list[int] = []
         reports: list[Any] = []
-        times = []
+        times: list[float] = []
+        walls: list[float] = []
         slow = block.get("slow") == rank
         switch = tuple(block["switch"]) if block.get("switch") else None
         for _ in range(int(block["epochs"])):
-            times.append(epoch(slow, sizes, switch, len(sizes), reports))
+            times.append(epoch(slow, sizes, switch, len(sizes), reports, walls))
         blocks.append({"balance": block["balance"], "epoch_times": times, "sizes": sizes,
-                       "reports": reports})
+                       "reports": reports, "step_seconds": walls})
     result = {"rank": rank, "compute_s_per_example": per_example, "blocks": blocks,
               "affinity": sorted(os.sched_getaffinity(0))}
     Path(out.replace("RANK", str(rank))).write_text(json.dumps(result))

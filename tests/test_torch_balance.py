@@ -12,12 +12,13 @@ import pytest
 from torch_workers.launch import WORKERS, launch
 
 
-def run_worker(tmp_path: Path, shares: tuple[int, ...], micro: int, weighted: bool) -> list[dict]:
-    tag = f"s{'-'.join(map(str, shares))}-m{micro}-w{int(weighted)}"
+def run_worker(tmp_path: Path, shares: tuple[int, ...], micro: int, weighted: bool,
+               tail: bool = False) -> list[dict]:
+    tag = f"s{'-'.join(map(str, shares))}-m{micro}-w{int(weighted)}-t{int(tail)}"
     outs = [tmp_path / f"{tag}-{r}.json" for r in range(len(shares))]
     group = launch(WORKERS / "balance_worker.py", len(shares), tmp_path, tag=tag,
                    args=[",".join(map(str, shares)), str(micro), "1" if weighted else "0",
-                         str(tmp_path / f"{tag}-RANK.json")])
+                         str(tmp_path / f"{tag}-RANK.json"), "1" if tail else "0"])
     codes = group.wait(120)
     assert codes == [0] * len(shares), group.output()
     return [json.loads(p.read_text()) for p in outs]
@@ -32,6 +33,13 @@ def test_weighted_gradient_equals_single_process_gradient(tmp_path: Path, shares
     # every replica received every replica's compute time of the previous step, by rank
     for r in results:
         assert r["step_times"] == [0.5 + i for i in range(len(shares))] + [0.0] * len(shares)
+
+
+def test_a_tail_step_with_shares_is_weighted_too(tmp_path: Path) -> None:
+    """An epoch's tail step split unequally (the sampler does so since the tail no longer waits for
+    the straggler) is weighted by its shares although it is not a full step."""
+    for r in run_worker(tmp_path, (2, 7), 1, weighted=True, tail=True):
+        assert r["rel_error"] < 1e-5, r
 
 
 @pytest.mark.parametrize("shares", [(3, 13), (5, 7, 20)])

@@ -92,10 +92,49 @@ def test_contiguous_ranges_and_equal_shares_keep_the_strided_rule() -> None:
     assert equal == sampler.plan(0, 2, 1, 8, 1) and equal.shares is None
 
 
-def test_tail_step_ignores_shares() -> None:
+def test_tail_step_is_split_in_the_shares_proportions() -> None:
+    """The pass's last, short step is split like the full steps (1 : 3 here), contiguously, every
+    position once, so it does not wait for the straggler either."""
+    sampler = ElasticSampler(28, shuffle=False)
+    tail = [sampler.plan(16, 2, r, 8, 0, (4, 12)) for r in range(2)]
+    assert not tail[0].full and tail[0].shares == tail[1].shares == (3, 9)
+    assert tail[0].micro_batches == (tuple(range(16, 19)),)
+    assert tail[1].micro_batches == (tuple(range(19, 28)),)
+    assert tail[0].samples == 12 and tail[0].advance == 12
+
+
+def test_tail_step_shares_edge_cases() -> None:
     sampler = ElasticSampler(20, shuffle=False)
-    tail = [sampler.plan(16, 2, r, 4, 0, (1, 7)) for r in range(2)]
-    assert not tail[0].full and tail[0].local_sizes == tail[1].local_sizes == (2,)
+    # every replica keeps at least one sample of the tail
+    assert sampler.plan(16, 2, 0, 4, 0, (1, 7)).shares == (1, 3)
+    # a tail too short to split unequally: equal local batches, no shares
+    short = [ElasticSampler(18, shuffle=False).plan(16, 2, r, 4, 0, (1, 7)) for r in range(2)]
+    assert not short[0].full and short[0].shares is None
+    assert short[0].local_sizes == short[1].local_sizes == (1,)
+    # proportions that round to equal
+    assert sampler.plan(16, 2, 0, 8, 0, (7, 9)).shares is None
+    # a tail of several micro-steps (accumulation) keeps equal local batches
+    acc = [ElasticSampler(60, shuffle=False).plan(32, 2, r, 8, 1, (4, 12)) for r in range(2)]
+    assert not acc[0].full and acc[0].shares is None and acc[0].local_sizes == acc[1].local_sizes
+
+
+@pytest.mark.parametrize("replicas,shares", [(2, (3, 13)), (3, (5, 7, 12))])
+def test_a_pass_with_unequal_tail_visits_every_position_once(replicas: int, shares: tuple) -> None:
+    n = 101
+    sampler = ElasticSampler(n, shuffle=True, seed=3)
+    m = sum(shares) // replicas
+    seen: list[int] = []
+    position, tails = 0, 0
+    while position < n:
+        plans = [sampler.plan(position, replicas, r, m, 0, shares) for r in range(replicas)]
+        tails += not plans[0].full
+        assert len({p.shares for p in plans}) == 1
+        for p in plans:
+            seen += [i for mb in p.micro_batches for i in mb]
+        position += plans[0].advance
+    assert tails == 1 and position == n
+    # every index once, except the fewer-than-K positions a pass cannot share
+    assert len(seen) == len(set(seen)) and n - replicas < len(seen) <= n
 
 
 @pytest.mark.parametrize("shares", [(3, 12), (0, 16), (16,), (2.5, 13.5), (True, 15)])

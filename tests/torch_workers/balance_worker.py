@@ -6,7 +6,9 @@ out), computes the usual mean loss over its local batch and runs one synchronise
 the mean loss over the whole global batch in one process. A second step sends a compute time in the
 control packet and checks that every replica receives all of them.
 
-Usage: balance_worker.py SHARES MICRO_STEPS WEIGHTED OUT_JSON  (SHARES like "3,13").
+Usage: balance_worker.py SHARES MICRO_STEPS WEIGHTED OUT_JSON [TAIL]  (SHARES like "3,13"; TAIL "1":
+the step is an epoch's tail step, not a full one, which the gradient statistics skip but whose
+gradient is weighted by its shares all the same).
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ def make_model() -> torch.nn.Module:
 def main() -> None:
     shares = tuple(int(x) for x in sys.argv[1].split(","))
     micro, weighted, out = int(sys.argv[2]), sys.argv[3] == "1", sys.argv[4]
+    tail = len(sys.argv) > 5 and sys.argv[5] == "1"
     torch.set_default_dtype(torch.float64)
     ptorch.init_process_group("gloo")
     ctx = get_context()
@@ -46,7 +49,7 @@ def main() -> None:
     for step in range(2):
         info = StepInfo(sid=ctx.new_sid(), replicas=k, micro_steps=micro, local_bsz=shares[rank],
                         shares=shares if weighted else None, micro_sizes=(shares[rank],) * micro,
-                        step_time=(0.5 + rank) if step == 1 else None)
+                        step_time=(0.5 + rank) if step == 1 else None, full=not (tail and step == 0))
         ctx.begin_step(info)
         for j in range(micro):
             info.micro = j

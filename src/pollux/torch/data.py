@@ -578,7 +578,7 @@ class AdaptiveDataLoader:
                                          self.max_local_bsz, rank, adp.progress)
                 ctx.balance_report = self._balance.report
             if outcome.oom:                # with unequal shares the largest one ran out of memory
-                self._handle_oom(ctx, max(plan.shares) if plan.shares else m)
+                self._handle_oom(ctx, max(plan.shares) if plan.shares and plan.full else m)
             if outcome.sigterm and ctx.registry.enabled:
                 if adp.progress >= target - tol:
                     # The epoch's last step: preempt once the epoch has ended (its end-of-epoch code

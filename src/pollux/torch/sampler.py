@@ -17,7 +17,9 @@ shares were, and the state stays the global sample index alone. Equal shares use
 
 Pass boundaries: a step never straddles two passes. Where fewer than M positions are left in a pass,
 the step takes them all (a *tail* step, with as many micro-steps as needed and equal local batches
-across replicas); the ``< K`` positions that cannot be shared equally are skipped, and a full step that
+across replicas; with unequal shares and a single micro-step, the tail is split in the shares'
+proportions instead, contiguously like a full step, so the pass's last step does not wait for the
+straggler either); the ``< K`` positions that cannot be shared equally are skipped, and a full step that
 leaves fewer than K positions behind skips them too, so every step belongs to one pass and a pass is
 visited exactly once except for those (fewer than K) skipped positions.
 """
@@ -30,6 +32,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+
+from pollux.goodput.splits import proportional_shares
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,6 +80,16 @@ def check_shares(shares: tuple[int, ...], replicas: int, local_bsz: int) -> None
                          f"{replicas * local_bsz} (replicas x local batch), got {tuple(shares)!r}")
 
 
+def tail_shares(shares: tuple[int, ...], total: int) -> tuple[int, ...] | None:
+    """A tail step's split of ``total`` positions in the proportions of a full step's ``shares``
+    (each at least 1; None when they come out equal or ``total`` is too small to give every replica
+    one)."""
+    if total < len(shares):
+        return None
+    out = tuple(int(x) for x in proportional_shares(total, np.asarray(shares, dtype=np.float64), 1))
+    return None if len(set(out)) == 1 else out
+
+
 class ElasticSampler:
     """The stream of passes and the step plans over it; its state is the global sample index."""
 
@@ -120,7 +134,8 @@ class ElasticSampler:
         """The step that starts at global sample index ``position`` (see the module docstring).
 
         ``shares`` (optional) are the replicas' micro-batch sizes of a full step, summing to
-        ``replicas × local_bsz``; tail steps ignore them (equal local batches).
+        ``replicas × local_bsz``; a tail step of one micro-step is split in their proportions (its
+        ``shares`` are then the tail's own sizes), one of several micro-steps ignores them.
         """
         k, m, s = int(replicas), int(local_bsz), int(accum_steps)
         if k < 1 or not 0 <= rank < k or m < 1 or s < 0:
@@ -153,14 +168,17 @@ class ElasticSampler:
             sizes = [base + (1 if j < extra else 0) for j in range(chunks)]
             advance = left
             full = False
+            if shares is not None:
+                shares = tail_shares(shares, k * per_replica) if chunks == 1 else None
         micro = []
         chunk_start = 0
-        if full and shares is not None:
+        if shares is not None:
             offset = int(sum(shares[:rank]))
+            step = int(sum(shares))
             for _ in sizes:
                 pos = chunk_start + offset + np.arange(shares[rank], dtype=np.int64)
                 micro.append(tuple(self.indices(start, pos).tolist()))
-                chunk_start += k * m
+                chunk_start += step
         else:
             for size in sizes:
                 pos = chunk_start + rank + k * np.arange(size, dtype=np.int64)
@@ -168,7 +186,7 @@ class ElasticSampler:
                 chunk_start += k * size
         return StepPlan(start=int(position), advance=int(advance + skipped), samples=int(chunk_start),
                         replicas=k, rank=int(rank), batch_size=batch, micro_batches=tuple(micro),
-                        full=full, shares=tuple(int(x) for x in shares) if full and shares else None)
+                        full=full, shares=tuple(int(x) for x in shares) if shares else None)
 
     def iter_plans(self, position: int, replicas: int, rank: int, local_bsz: int,
                    accum_steps: int = 0, shares: tuple[int, ...] | None = None) -> Iterator[StepPlan]:
