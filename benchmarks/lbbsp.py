@@ -349,9 +349,9 @@ def paired_ratio(results: list[dict[str, Any]], on: list[int], off: list[int],
 
 
 def worker_config(name: str, args: argparse.Namespace, cores: list[int] | None,
-                  blocks: list[dict[str, Any]], swap_cores: bool = False) -> dict[str, Any]:
+                  blocks: list[dict[str, Any]]) -> dict[str, Any]:
     return {"name": name, "batch_size": args.train_batch, "width": args.width, "seed": args.seed,
-            "cores": cores, "swap_cores": swap_cores, "warmup_epochs": 2, "blocks": blocks}
+            "cores": cores, "warmup_epochs": 2, "blocks": blocks}
 
 
 def alternating(pairs: int, epochs: int, slow: int | None = None) -> list[dict[str, Any]]:
@@ -393,8 +393,7 @@ def section_injected_half_speed(args: argparse.Namespace) -> dict[str, Any]:
         f"rank 1 at half speed, then {args.switch_blocks} cpu blocks whose slowdown moves to the other "
         f"rank at iteration {switch_at}")
     t0 = time.perf_counter()
-    results = run_replicas(worker_config("injected_half_speed", args, pin, blocks,
-                                         swap_cores=args.swap_cores), args.section_timeout)
+    results = run_replicas(worker_config("injected_half_speed", args, pin, blocks), args.section_timeout)
     on, off = on_off(blocks, pairs)
     timing = paired_ratio(results, on, off, skip=1)
     first = block_shares(results, on[0])
@@ -542,8 +541,7 @@ def section_overhead_equal_speed(args: argparse.Namespace) -> dict[str, Any]:
     log(f"overhead_equal_speed: M={m}, equally fast replicas pinned to {pin}; {pairs} ABBA pairs of "
         f"off/cpu blocks of {epochs} epochs")
     t0 = time.perf_counter()
-    config = worker_config("overhead_equal_speed", args, pin, alternating(pairs, epochs),
-                           swap_cores=args.swap_cores)
+    config = worker_config("overhead_equal_speed", args, pin, alternating(pairs, epochs))
     results = run_replicas(config, args.section_timeout)
     on, off = on_off(config["blocks"], pairs)
     timing = paired_ratio(results, on, off)
@@ -626,11 +624,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--overhead-epochs", type=int, default=30,
                         help="overhead_equal_speed: epochs per block (default 30: 180 steps, > 50 balancer "
                              "updates at the steady window of ~3 steps, so the NARX predictor fits)")
-    parser.add_argument("--swap-cores", action=argparse.BooleanOptionalAction, default=True,
-                        help="injected_half_speed, overhead_equal_speed: the two replicas trade cores at "
-                             "every step (default on), so both run on the same hardware on average and "
-                             "the nominal speeds (2 : 1, 1 : 1) are the real ones; --no-swap-cores keeps "
-                             "each on its own core, whose speeds differ by 5-15 %% at times on a VM")
     parser.add_argument("--log-dir", type=Path, default=None,
                         help="training sections: keep the replicas' logs (agent log lines) here")
     parser.add_argument("--section-timeout", type=float, default=900.0,

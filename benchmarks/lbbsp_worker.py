@@ -86,15 +86,6 @@ def calibrate(net: torch.nn.Module, xs: torch.Tensor, ys: torch.Tensor, m: int) 
     return max(t_large - t_small, 0.0) / (large - small)
 
 
-def pin_process(core: int) -> None:
-    """Move every thread of this process (the main one and gloo's) to ``core``."""
-    for tid in os.listdir("/proc/self/task"):
-        try:
-            os.sched_setaffinity(int(tid), {core})
-        except OSError:            # a thread that ended meanwhile
-            pass
-
-
 def balance_report(scalars: dict[str, float]) -> list[list[float]] | None:
     """The agent's latest balancer report from ``to_scalars()``: [shares, compute times] per rank."""
     if "balance_share0" not in scalars:
@@ -127,9 +118,6 @@ def main() -> int:
     model = ptorch.AdaptiveDataParallel(net, optimizer)
     loader = ptorch.AdaptiveDataLoader(train_set, batch_size=m, shuffle=True, seed=config.get("seed", 0))
 
-    swap = bool(config.get("swap_cores")) and bool(cores) and len(cores) >= 2
-    steps_run = [0]          # steps since the start, the same count on every replica
-
     def epoch(slow: bool, sizes: list[int] | None = None, switch: tuple[int, int] | None = None,
               step0: int = 0, reports: list[Any] | None = None, walls: list[float] | None = None
               ) -> float:
@@ -138,9 +126,6 @@ def main() -> int:
         for x, y in loader:
             if switch is not None and step >= switch[0]:
                 slow = rank == switch[1]
-            if swap:             # the replicas trade cores every step: equal hardware on average
-                pin_process(int(cores[(rank + steps_run[0]) % 2]))
-            steps_run[0] += 1
             optimizer.zero_grad()
             if slow:            # half speed: the batch twice over, the same mean gradient (docstring)
                 x, y = torch.cat([x, x]), torch.cat([y, y])
