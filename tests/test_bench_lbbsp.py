@@ -27,6 +27,7 @@ def test_lbbsp_benchmark_smoke():
     m = 64
     cmd = [sys.executable, str(ROOT / "benchmarks" / "lbbsp.py"), "--json", "--width", "1",
            "--train-batch", str(m), "--pairs", "1", "--block-epochs", "2", "--switch-epochs", "2",
+           "--switch-blocks", "1",
            "--overhead-pairs", "1", "--overhead-epochs", "2", "--traces", "1", "--length", "200"]
     for name in SECTIONS:
         cmd += ["--only", name]
