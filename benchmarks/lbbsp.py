@@ -263,13 +263,12 @@ def on_off(blocks: list[dict[str, Any]], pairs: int) -> tuple[list[int], list[in
 
 
 def median_iterations(values: list[int | None]) -> int | None:
-    """The median of per-block iteration counts, a block that never got there counting as infinite
-    (None when the median block did not get there): the figure of the typical block, which one
-    block's first measurements (a hiccup of the VM in its first window) cannot decide alone."""
-    ranked = sorted(math.inf if v is None else v for v in values)
-    if not ranked:
+    """The (upper) median of per-block iteration counts, a block that never got there counting as
+    infinite (None when the median block did not get there): the figure of the typical block, which
+    one block's first measurements (a hiccup of the VM in its first window) cannot decide alone."""
+    if not values:
         return None
-    mid = ranked[(len(ranked) - 1) // 2] if len(ranked) % 2 else ranked[len(ranked) // 2]
+    mid = statistics.median_high(math.inf if v is None else v for v in values)
     return None if math.isinf(mid) else int(mid)
 
 
@@ -506,7 +505,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--block-epochs", type=int, default=8,
                         help="injected_half_speed, real_contention: epochs per block (default 8)")
     parser.add_argument("--switch-at", type=int, default=18,
-                        help="injected_half_speed: iteration of the last block at which the slowdown moves")
+                        help="injected_half_speed: iteration of each switch block when the slowdown moves")
     parser.add_argument("--switch-epochs", type=int, default=6,
                         help="injected_half_speed: epochs of each block with a switch (default 6)")
     parser.add_argument("--switch-blocks", type=int, default=3,
