@@ -193,6 +193,8 @@ class GpuBalancer:
 
 #: The noise prior counts as this many prediction errors (:attr:`CpuBalancer.noise`).
 PRIOR_WEIGHT = 8
+#: Updates of the held shares kept for the second evidence test (:meth:`CpuBalancer._held_evidence`).
+HELD_KEEP = 64
 
 class CpuBalancer:
     """The paper's CPU algorithm (Alg. 1): shares proportional to each replica's predicted speed.
@@ -212,7 +214,12 @@ class CpuBalancer:
     is a fixed-point iteration that needs that one more measurement to land near the equal-finish
     split. Otherwise a smaller correction is made only on evidence: the speeds
     measured since the shares last changed, averaged over ``n`` updates, must predict a gain above
-    ``max(tolerance, evidence_z · noise / √n)``. Equally fast replicas therefore stay put, a lasting
+    ``max(tolerance, evidence_z · noise / √n)``, or (the second test) the gains the correction
+    promises at each of those ``m ≥ held_min`` updates' own speeds must average above
+    ``max(tolerance, held_z · sd / √m)``, with ``sd`` their scatter: the predictors' errors carry
+    every level shift and the prior, and can stay several times the noise of the held measurements
+    long after a move, which left a settling move that one noisy step sent 5–10 % astray in place for
+    tens of steps in the LB-BSP benchmark. Equally fast replicas therefore stay put, a lasting
     imbalance is followed at once, and a small one (a few %) is corrected once enough steps show it.
 
     A level shift (a replica's measured speed off its prediction by more than ``level_shift``, a
@@ -228,7 +235,13 @@ class CpuBalancer:
 
     def __init__(self, predictor_factory: Callable[[], SpeedPredictor] | None = None,
                  tolerance: float = 0.005, noise_factor: float = 1.0, noise_window: int = 50,
-                 prior_noise: float = 0.2, evidence_z: float = 2.0, level_shift: float = 0.4) -> None:
+                 prior_noise: float = 0.2, evidence_z: float = 2.0, level_shift: float = 0.4,
+                 held_z: float = 4.0, held_min: int = 3) -> None:
+        if not (math.isfinite(held_z) and held_z >= 0.0):
+            raise ValueError(f"held_z: expected a non-negative number, got {held_z!r}")
+        if isinstance(held_min, bool) or int(held_min) != held_min or held_min < 3:
+            raise ValueError(f"held_min: expected an integer >= 3, got {held_min!r}")
+        self.held_z, self.held_min = float(held_z), int(held_min)
         if not (math.isfinite(level_shift) and level_shift > 0.0):
             raise ValueError(f"level_shift: expected a positive fraction, got {level_shift!r}")
         self.level_shift = float(level_shift)
@@ -261,6 +274,9 @@ class CpuBalancer:
         self._held: tuple[int, ...] | None = None
         self._speed_sum = np.zeros(0)
         self._held_n = 0
+        #: The speeds of each update since the last change (the newest HELD_KEEP): their scatter is
+        #: the noise of the held measurements themselves (the second evidence test, class doc).
+        self._held_speeds: deque[np.ndarray] = deque(maxlen=HELD_KEEP)
         #: The shares held before the last change and the mean speeds measured with them (the
         #: settling update's second point).
         self._before: tuple[np.ndarray, np.ndarray] | None = None
@@ -294,6 +310,7 @@ class CpuBalancer:
         self._errors.clear()
         self._errors_seen = 0
         self._held, self._speed_sum, self._held_n = None, np.zeros(0), 0
+        self._held_speeds.clear()
         self._before = None
         self._settling = False
 
@@ -336,6 +353,7 @@ class CpuBalancer:
             # speeds measured before the shift are no evidence after it, nor a point of the settling
             # update's lines (`_secant_split`): start both afresh from this measurement
             self._held, self._speed_sum, self._held_n, self._before = None, np.zeros(0), 0, None
+            self._held_speeds.clear()
         held = tuple(int(v) for v in x)
         if held == self._held:
             self._speed_sum, self._held_n = self._speed_sum + measured, self._held_n + 1
@@ -343,6 +361,8 @@ class CpuBalancer:
             if self._held is not None and len(self._held) == n and self._held_n > 0:
                 self._before = (np.asarray(self._held, dtype=np.float64), self._speed_sum / self._held_n)
             self._held, self._speed_sum, self._held_n = held, measured, 1
+            self._held_speeds.clear()
+        self._held_speeds.append(measured)
         if not np.all(np.isfinite(speeds) & (speeds > 0)):
             speeds = np.where(np.isfinite(speeds) & (speeds > 0), speeds, 0.0)
         out = proportional_shares(total, speeds, lo_arr, hi_arr)
@@ -416,7 +436,30 @@ class CpuBalancer:
         gain = 1.0 - _predicted_time(candidate, mean) / _predicted_time(x, mean)
         need = self.tolerance if settle else max(self.tolerance,
                                                  self.evidence_z * self.noise / math.sqrt(n))
-        return (candidate, _predicted_time(candidate, speeds)) if gain > need else keep
+        if gain > need or (not settle and self._held_evidence(x, candidate)):
+            return candidate, _predicted_time(candidate, speeds)
+        return keep
+
+    def _held_evidence(self, x: np.ndarray, candidate: np.ndarray) -> bool:
+        """The second evidence test (class doc): the candidate's gain at each update's speeds since
+        the shares last changed, whose mean must exceed ``held_z`` of its own standard errors (and
+        ``tolerance``) over at least ``held_min`` updates. The predictors' errors, the noise of the
+        first test, include every level shift and the fit's own misses; the held measurements'
+        scatter is the noise of just what is averaged, often a few times smaller on a steady
+        machine, so a lasting imbalance of several % (a settling move that a noisy step sent
+        astray) is corrected after a few updates instead of tens."""
+        m = len(self._held_speeds)
+        if m < self.held_min:
+            return False
+        v = np.stack(self._held_speeds)
+        if v.shape[1] != x.size or not np.all(np.isfinite(v) & (v > 0)):
+            return False
+        with np.errstate(divide="ignore", invalid="ignore"):
+            t_old = np.max(x / v, axis=1)
+            t_new = np.max(candidate / v, axis=1)
+        gains = 1.0 - t_new / t_old
+        mean, sd = float(np.mean(gains)), float(np.std(gains, ddof=1))
+        return mean > max(self.tolerance, self.held_z * sd / math.sqrt(m))
 
 
 def _predicted_time(shares: np.ndarray, speeds: np.ndarray) -> float:
