@@ -158,11 +158,7 @@ def block_shares(results: list[dict[str, Any]], block: int) -> list[list[int]]:
 
 def iterations_to_band(shares: list[list[int]], fast: int, total: int, start: int = 0) -> int | None:
     """Iterations from ``start`` until the first full step whose fast : slow ratio is 2 ± 5 %."""
-    for i in range(start, len(shares)):
-        x = shares[i]
-        if sum(x) == total and x[1 - fast] > 0 and abs(x[fast] / x[1 - fast] / 2.0 - 1.0) <= BAND:
-            return i - start + 1
-    return None
+    return iterations_to_ratio(shares, fast, total, 2.0, start)
 
 
 def iterations_to_settled(shares: list[list[int]], fast: int, total: int, start: int = 0,
@@ -332,7 +328,6 @@ def section_injected_half_speed(args: argparse.Namespace) -> dict[str, Any]:
         "iterations_to_equal_finish_after_switch_per_block": after_eq_per,
         "settled_ratio_and_iterations_first_block": iterations_to_settled(first, 0, m),
         "switch_blocks": switches,
-        "switch_block": switches[0] if switches else None,
         "shares_trajectory": first[:30],
         "compute_ms_per_example": [1e3 * r["compute_s_per_example"] for r in results],
         "targets": {"epoch_time_ratio": 0.75, "ideal": 2 / 3, "iterations_to_2to1": 10,

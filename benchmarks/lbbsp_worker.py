@@ -78,7 +78,8 @@ def timed_pass(net: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, reps: int
 def calibrate(net: torch.nn.Module, xs: torch.Tensor, ys: torch.Tensor, m: int) -> float:
     """Forward + backward seconds per example of a local copy of ``net``: the slope between batches of
     m/4 and 3m/4 (around the shares the balancer will choose), so that the per-step costs that do not
-    grow with the batch (kernel launches, the optimiser, the agent) are not scaled by the delay."""
+    grow with the batch (kernel launches, the optimiser, the agent) are left out. Reported only, as a
+    reading of this core's speed (``compute_s_per_example``); the slowdown does not use it."""
     local = copy.deepcopy(net)
     small, large = max(m // 4, 1), max(3 * m // 4, 2)
     t_small = timed_pass(local, xs[:small], ys[:small])

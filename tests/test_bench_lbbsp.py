@@ -40,7 +40,7 @@ def test_lbbsp_benchmark_smoke():
     inj = rep["injected_half_speed"]
     assert inj["global_batch"] == m
     assert math.isfinite(inj["ratio"]) and inj["ratio"] > 0
-    trajectory = inj["shares_trajectory"] + inj["switch_block"]["shares"]
+    trajectory = inj["shares_trajectory"] + inj["switch_blocks"][0]["shares"]
     assert trajectory and all(len(x) == 2 and min(x) >= 0 for x in trajectory)
     # every full step splits the global batch; an epoch's tail step is the remainder, split too
     assert max(sum(x) for x in trajectory) == m

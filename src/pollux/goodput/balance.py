@@ -454,10 +454,7 @@ class CpuBalancer:
         v = np.stack(self._held_speeds)
         if v.shape[1] != x.size or not np.all(np.isfinite(v) & (v > 0)):
             return False
-        with np.errstate(divide="ignore", invalid="ignore"):
-            t_old = np.max(x / v, axis=1)
-            t_new = np.max(candidate / v, axis=1)
-        gains = 1.0 - t_new / t_old
+        gains = 1.0 - np.max(candidate / v, axis=1) / np.max(x / v, axis=1)   # v > 0 checked above
         mean, sd = float(np.mean(gains)), float(np.std(gains, ddof=1))
         return mean > max(self.tolerance, self.held_z * sd / math.sqrt(m))
 
