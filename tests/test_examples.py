@@ -99,6 +99,8 @@ def check_train_metrics(out: dict) -> None:
     examples, replicas = out["train_examples"], out["replicas"]
     skipped = (replicas - 1) * (examples // N_TRAIN + 2)
     assert examples >= M0 * out["progress"] - skipped - 1e-6, (examples, out["progress"])
+    # The counted examples are the sampler's drawn positions, less the skipped leftovers: none twice.
+    assert 0 <= out["stream_position"] - examples <= skipped, (examples, out["stream_position"])
 
 
 def test_digits_default_run_alone_reaches_95_percent():

@@ -294,6 +294,10 @@ def main(argv: list[str] | None = None) -> int:
             "train_loss": finite_or_none(history.train_loss),
             "train_accuracy": finite_or_none(history.train_accuracy),
             "train_examples": history.train_examples,
+            # The global sample index: positions of the data stream drawn over the whole job. Each is
+            # trained once except the fewer than K skipped at a rescale or a pass end (none on one
+            # replica); above epochs x N when the batch grew (an epoch is measured in progress).
+            "stream_position": loader.sampler.position,
             "seconds": time.perf_counter() - start + earlier,
             "shares": [int(v) for k, v in sorted(model.to_scalars().items())
                        if k.startswith("balance_share")],

@@ -10,6 +10,12 @@ the global sample stream the step belongs to, dataset indices); rank 0 appends o
 end to ``epochs-<tag>.jsonl`` with the step counts of this run in that epoch, summed, maxed and
 minned over the replicas by the script's own all-reduce.
 
+It also keeps its totals the way the digits example (and docs/agent.md) tells users to: a
+``pollux.torch.Accumulator`` counts the examples of each epoch, read with ``sum(reset=True)`` at the
+epoch's end into a checkpointed history (``register_state``); rank 0 writes the history, with the
+sampler's final position, to ``final-<tag>.json`` when the job ends. The test compares those counters
+with the dataset indices the steps logged, so a count kept twice across a restart shows.
+
 TEST_OUT_DIR, TEST_TAG, TEST_N, TEST_M0, TEST_EPOCHS, TEST_AUTOSCALE ("max,lo,hi"),
 TEST_STEP_SLEEP (seconds slept in each forward pass: a fixed cost per pass, which makes larger
 batches pay and so batch-size changes happen within a short test)
@@ -42,6 +48,21 @@ class Noisy(torch.utils.data.Dataset):
         return i, self.x[i], self.y[i]
 
 
+class History:
+    """The examples of every finished epoch, over all replicas; checkpointed with the job."""
+
+    def __init__(self) -> None:
+        self.per_epoch: list[int] = []
+        self.runs = 1
+
+    def state_dict(self) -> dict:
+        return {"per_epoch": list(self.per_epoch), "runs": self.runs}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.per_epoch = [int(v) for v in state["per_epoch"]]
+        self.runs = int(state["runs"]) + 1
+
+
 def main() -> None:
     torch.set_num_threads(1)
     logging.basicConfig(level=logging.DEBUG if os.environ.get("TEST_DEBUG") else logging.INFO,
@@ -65,6 +86,9 @@ def main() -> None:
     loader = ptorch.AdaptiveDataLoader(dataset, batch_size=m0, shuffle=True, seed=3)
     loader.autoscale_batch_size(mx, (lo, hi), gradient_accumulation=True)
     visits = open(out / f"visits-{tag}-rank{rank}.jsonl", "a")
+    history = History()
+    ptorch.register_state("test_history", history)
+    examples = ptorch.Accumulator("test_examples")
     for epoch in ptorch.remaining_epochs_until(epochs):
         steps = samples = 0
         pending: list[int] = []
@@ -79,6 +103,7 @@ def main() -> None:
             loss.backward()
             optimizer.step()
             pending.extend(idx.tolist())
+            examples["seen"] += len(idx)
             if adp.accumulating:
                 continue
             visits.write(json.dumps({"epoch": epoch, "pass": start // n, "idx": pending,
@@ -88,6 +113,7 @@ def main() -> None:
             samples += len(pending)
             pending, start = [], None
         scheduler.step()
+        history.per_epoch.append(int(examples.sum(reset=True).get("seen", 0)))
         # The script's own end-of-epoch all-reduce: it must meet every peer here, none inside a step.
         counts = torch.tensor([steps, samples], dtype=torch.float64)
         total, high, low = counts.clone(), counts.clone(), counts.clone()
@@ -98,6 +124,10 @@ def main() -> None:
             with open(out / f"epochs-{tag}.jsonl", "a") as f:
                 f.write(json.dumps({"epoch": epoch, "replicas": replicas, "steps_max": high[0].item(),
                                     "steps_min": low[0].item(), "samples": total[1].item()}) + "\n")
+    if rank == 0:
+        final = {"per_epoch": history.per_epoch, "runs": history.runs, "replicas": replicas,
+                 "position": loader.sampler.position}
+        (out / f"final-{tag}.json").write_text(json.dumps(final))
 
 
 if __name__ == "__main__":
