@@ -32,11 +32,18 @@ def test_a_litz_job_follows_its_allocation_in_place_without_restarts():
     out = live(iterations=120, task_floor_s=0.05, digits_epochs=15)
     assert set(out["states"].values()) == {"succeeded"}, out["states"]
     assert out["litz_restarts"] == 0, out
-    assert len(out["allocations"]) >= 2, out["allocations"]      # its allocation changed at least once
-    assert out["all_applied"], out["allocations"]                 # every one acknowledged by the master
+    allocations = out["allocations"]
+    applied = [a["applied_after_s"] is not None for a in allocations]
+    # Every allocation is acknowledged by the master, except a last one that came while the job was
+    # finishing: the driver's last iteration ended before the new workers had started (seen once with
+    # two busy loops beside the suite: 6 GPUs given at 60.8 s, the job done first). Its allocation
+    # still changed, in place, at least once.
+    if not applied[-1]:
+        applied = applied[:-1]
+    assert len(applied) >= 2 and all(applied), allocations
     final = out["litz_summary"]
     assert final["iterations"] == 120 and final["objective"] < 1.0 and not final["preempted"]
-    assert len(final["resizes_applied"]) == len(out["allocations"]) - 1 == out["in_place_resizes"]
+    assert len(final["resizes_applied"]) == len(applied) - 1 == out["in_place_resizes"], (final, allocations)
     assert out["left_processes"] == [] and out["service_stopped"]
     delays = out["resize_delays_s"]
     print(f"litz live: {len(delays)} in-place resize(s), median {statistics.median(delays):.2f} s "
