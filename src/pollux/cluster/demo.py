@@ -7,7 +7,15 @@ line ``{"jobs", "succeeded", "rescales", "avg_jct_s", ...}``. Everything it star
 before it returns, also on Ctrl-C or an error.
 
 A *rescale* is a change of a job's number of replicas while it runs, as recorded in the store's
-allocation history; the first allocation and the final release do not count.
+allocation history; the first allocation and the final release do not count. A *batch-size change*
+is a change of a job's global batch size, as its agent decided and its final report lists
+(``batch_sizes``, kept across restarts).
+
+The jobs are sized so that the demo ends in about three minutes on a quiet 2-core machine: digits
+reaches its final test accuracy (about 0.98) within 20-30 epochs, so longer jobs only repeat it.
+The deadline is a safety net: the demo gives up only when no job has advanced (an epoch, a state, an
+allocation or a batch size) for ``--stall-timeout`` seconds, or after ``--timeout`` seconds in all,
+and then says what was still running and how far it got.
 """
 
 from __future__ import annotations
@@ -27,13 +35,15 @@ from pollux.policy.registry import policy_names
 
 #: (name, arrival offset in seconds, epochs, initial batch size): different sizes, staggered arrivals.
 DEFAULT_JOBS: tuple[tuple[str, float, int, int], ...] = (
-    ("digits-a", 0.0, 300, 16),
-    ("digits-b", 15.0, 150, 32),
-    ("digits-c", 30.0, 240, 16),
-    ("digits-d", 45.0, 100, 64),
-    ("digits-e", 60.0, 200, 16),
+    ("digits-a", 0.0, 50, 16),
+    ("digits-b", 10.0, 30, 32),
+    ("digits-c", 20.0, 40, 16),
+    ("digits-d", 30.0, 25, 64),
+    ("digits-e", 40.0, 30, 16),
 )
 TERMINAL = ("succeeded", "failed", "cancelled")
+#: Seconds between two lines of the progress table.
+PRINT_EVERY_S = 5.0
 
 
 @dataclass
@@ -45,10 +55,44 @@ class DemoJob:
     id: str | None = None
 
 
+@dataclass
+class JobView:
+    """What the progress table shows of one job, read from the service and the job's epoch lines."""
+
+    state: str = "pending"
+    gpus: int = 0
+    epoch: int | None = None
+    batch_size: int | None = None
+
+    def key(self) -> tuple[Any, ...]:
+        return (self.state, self.gpus, self.epoch, self.batch_size)
+
+
+class DemoStalled(TimeoutError):
+    """The demo gave up: nothing advanced for too long (or it ran past its overall limit)."""
+
+
 def rescales(history: list[dict[str, Any]]) -> int:
     """Changes of the replica count between consecutive non-empty allocations."""
     sizes = [sum(a["allocation"].values()) for a in history if a["allocation"]]
     return sum(1 for a, b in itertools.pairwise(sizes) if a != b)
+
+
+def last_epoch_line(log: str) -> dict[str, Any] | None:
+    """The newest ``{"event": "epoch", ...}`` line the digits example printed (``--json-epochs``)."""
+    for line in reversed(log.splitlines()):
+        if line.startswith('{"event": "epoch"'):
+            try:
+                return json.loads(line)
+            except ValueError:
+                return None
+    return None
+
+
+def batch_size_changes(report: dict[str, Any] | None) -> int:
+    """Changes of the global batch size a job's final report lists (its distinct sizes, in order)."""
+    sizes = (report or {}).get("batch_sizes") or []
+    return max(len(sizes) - 1, 0)
 
 
 def final_report(client: PolluxClient, job_id: str) -> dict[str, Any] | None:
@@ -68,7 +112,7 @@ def _table(rows: list[list[str]], header: list[str]) -> str:
 
 
 def run(state_dir: Path, *, nodes: int, gpus_per_node: int, interval_s: float, policy: str,
-        jobs: list[DemoJob], timeout_s: float, script: Path) -> dict[str, Any]:
+        jobs: list[DemoJob], timeout_s: float, stall_timeout_s: float, script: Path) -> dict[str, Any]:
     t0 = time.monotonic()
 
     def say(msg: str) -> None:
@@ -80,38 +124,7 @@ def run(state_dir: Path, *, nodes: int, gpus_per_node: int, interval_s: float, p
     summary: dict[str, Any] = {}
     try:
         with PolluxClient(info.url, info.token) as client:
-            start = time.monotonic()
-            pending = sorted(jobs, key=lambda j: j.arrival)
-            last_print = 0.0
-            while True:
-                now = time.monotonic() - start
-                while pending and pending[0].arrival <= now:
-                    job = pending.pop(0)
-                    spec = {"entrypoint": str(script), "working_dir": str(script.parent),
-                            "args": ["--epochs", str(job.epochs), "--batch-size", str(job.batch_size)],
-                            "init_batch_size": job.batch_size, "max_batch_size": 512,
-                            "local_bsz_bounds": [8, 256]}
-                    job.id = client.submit(spec, name=job.name)["id"]
-                    say(f"submitted {job.name} ({job.id}): {job.epochs} epochs, "
-                        f"initial batch {job.batch_size}")
-                listed = {j["id"]: j for j in client.jobs()}
-                if now - last_print >= 5.0:
-                    last_print = now
-                    parts = []
-                    for job in jobs:
-                        if job.id is None:
-                            continue
-                        j = listed[job.id]
-                        gpus = sum(j["allocation"].values())
-                        epoch = _epoch(client, job.id) if j["state"] == "running" else None
-                        prog = f" ep {epoch}/{job.epochs}" if epoch is not None else ""
-                        parts.append(f"{job.name} {j['state']} {gpus}g{prog}")
-                    say(" | ".join(parts))
-                if not pending and all(listed[j.id]["state"] in TERMINAL for j in jobs if j.id):
-                    break
-                if now > timeout_s:
-                    raise TimeoutError(f"the demo jobs did not finish within {timeout_s:.0f} s")
-                time.sleep(1.0)
+            _follow(client, jobs, script, say, timeout_s=timeout_s, stall_timeout_s=stall_timeout_s)
             summary = _summarize(client, jobs, nodes, gpus_per_node, policy, time.monotonic() - t0)
     finally:
         say("stopping the server and the embedded Ray cluster")
@@ -119,14 +132,100 @@ def run(state_dir: Path, *, nodes: int, gpus_per_node: int, interval_s: float, p
     return summary
 
 
-def _epoch(client: PolluxClient, job_id: str) -> int | None:
-    hints = client.job(job_id).get("hints")
-    return None if not hints else int(hints.get("epoch", 0))
+def _submit(client: PolluxClient, job: DemoJob, script: Path) -> str:
+    spec = {"entrypoint": str(script), "working_dir": str(script.parent),
+            "args": ["--epochs", str(job.epochs), "--batch-size", str(job.batch_size), "--json-epochs"],
+            "init_batch_size": job.batch_size, "max_batch_size": 512, "local_bsz_bounds": [8, 256]}
+    return str(client.submit(spec, name=job.name)["id"])
+
+
+def _view(client: PolluxClient, job: DemoJob, listed: dict[str, Any], before: JobView | None) -> JobView:
+    """The job's state and GPUs from the service; its epoch and batch size from its newest epoch line
+    (kept from ``before`` while a restarted run has not printed one yet)."""
+    assert job.id is not None
+    j = listed[job.id]
+    view = JobView(state=j["state"], gpus=sum(j["allocation"].values()))
+    if before is not None:
+        view.epoch, view.batch_size = before.epoch, before.batch_size
+    if j["state"] in ("running", "succeeded"):
+        line = last_epoch_line(client.logs(job.id, rank=0))
+        if line is not None:
+            view.epoch, view.batch_size = int(line["epoch"]) + 1, int(line["batch_size"])
+    return view
+
+
+def _progress_line(jobs: list[DemoJob], views: dict[str, JobView]) -> str:
+    parts = []
+    for job in jobs:
+        view = views.get(job.name)
+        if job.id is None or view is None:
+            continue
+        text = f"{job.name} {view.state} {view.gpus}g"
+        if view.epoch is not None and view.state not in TERMINAL:
+            text += f" ep {view.epoch}/{job.epochs}"
+        if view.batch_size is not None and view.state not in TERMINAL:
+            text += f" bs {view.batch_size}"
+        parts.append(text)
+    return " | ".join(parts)
+
+
+def _follow(client: PolluxClient, jobs: list[DemoJob], script: Path, say: Any, *, timeout_s: float,
+            stall_timeout_s: float) -> None:
+    """Submit the jobs at their arrival times and print their progress until every one has ended."""
+    start = time.monotonic()
+    pending = sorted(jobs, key=lambda j: j.arrival)
+    views: dict[str, JobView] = {}
+    last_print = -PRINT_EVERY_S
+    last_change = start
+    while True:
+        now = time.monotonic() - start
+        while pending and pending[0].arrival <= now:
+            job = pending.pop(0)
+            job.id = _submit(client, job, script)
+            last_change = time.monotonic()
+            say(f"submitted {job.name} ({job.id}): {job.epochs} epochs, initial batch {job.batch_size}")
+        listed = {j["id"]: j for j in client.jobs()}
+        if now - last_print >= PRINT_EVERY_S:
+            last_print = now
+            for job in jobs:
+                if job.id is not None:
+                    view = _view(client, job, listed, views.get(job.name))
+                    if views.get(job.name) is None or view.key() != views[job.name].key():
+                        last_change = time.monotonic()
+                    views[job.name] = view
+            say(_progress_line(jobs, views))
+        if not pending and all(listed[j.id]["state"] in TERMINAL for j in jobs if j.id):
+            return
+        stalled = time.monotonic() - last_change
+        if stalled > stall_timeout_s or now > timeout_s:
+            why = (f"no job advanced for {stalled:.0f} s" if stalled > stall_timeout_s
+                   else f"the demo ran past its limit of {timeout_s:.0f} s")
+            raise DemoStalled(f"{why}; still running: {_unfinished(jobs, views)}")
+        time.sleep(1.0)
+
+
+def _unfinished(jobs: list[DemoJob], views: dict[str, JobView]) -> str:
+    rows = []
+    for job in jobs:
+        view = views.get(job.name)
+        if job.id is None:
+            rows.append(f"{job.name} (not submitted)")
+        elif view is not None and view.state not in TERMINAL:
+            epoch = "?" if view.epoch is None else str(view.epoch)
+            rows.append(f"{job.name} ({job.id}) {view.state} on {view.gpus} GPU(s), "
+                        f"epoch {epoch}/{job.epochs}")
+    return "; ".join(rows) or "nothing"
+
+
+def _sequence(values: list[int]) -> str:
+    """``[1, 1, 4, 2]`` -> ``"1>4>2"``: the values as they changed."""
+    changed = [v for i, v in enumerate(values) if i == 0 or v != values[i - 1]]
+    return ">".join(map(str, changed)) or "-"
 
 
 def _summarize(client: PolluxClient, jobs: list[DemoJob], nodes: int, gpus_per_node: int, policy: str,
                wall_s: float) -> dict[str, Any]:
-    rows, jcts, total_rescales, ok = [], [], 0, 0
+    rows, jcts, total_rescales, total_batch_changes, ok = [], [], 0, 0, 0
     for job in jobs:
         assert job.id is not None
         d = client.job(job.id)
@@ -136,19 +235,21 @@ def _summarize(client: PolluxClient, jobs: list[DemoJob], nodes: int, gpus_per_n
         jcts.append(jct)
         ok += d["state"] == "succeeded"
         rep = final_report(client, job.id) or {}
-        sizes = sorted({sum(a["allocation"].values()) for a in d["allocation_history"] if a["allocation"]})
+        changes = batch_size_changes(rep)
+        total_batch_changes += changes
+        replicas = [sum(a["allocation"].values()) for a in d["allocation_history"] if a["allocation"]]
         acc = rep.get("test_accuracy")
-        rows.append([job.name, d["state"], f"{jct:.1f}", d["restarts"], r, ",".join(map(str, sizes)),
-                     rep.get("final_batch_size", "-"), "-" if acc is None else f"{acc:.3f}"])
+        rows.append([job.name, d["state"], f"{jct:.1f}", d["restarts"], r, _sequence(replicas),
+                     _sequence([int(b) for b in rep.get("batch_sizes") or []]),
+                     "-" if acc is None else f"{acc:.3f}"])
     print()
-    print(_table(rows, ["JOB", "STATE", "JCT_S", "RESTARTS", "RESCALES", "REPLICAS", "FINAL_BATCH",
+    print(_table(rows, ["JOB", "STATE", "JCT_S", "RESTARTS", "RESCALES", "REPLICAS", "BATCH_SIZES",
                         "TEST_ACC"]))
     finished = [j for j in jcts if j == j]
     return {"jobs": len(jobs), "succeeded": ok, "rescales": total_rescales,
+            "batch_size_changes": total_batch_changes,
             "avg_jct_s": round(sum(finished) / max(len(finished), 1), 2), "policy": policy,
             "nodes": nodes, "gpus": nodes * gpus_per_node, "wall_s": round(wall_s, 1)}
-
-
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -160,7 +261,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--gpus-per-node", type=int, default=2)
     p.add_argument("--interval", type=float, default=8.0, help="seconds between scheduling rounds")
     p.add_argument("--policy", default="pollux", choices=policy_names(live=True))
-    p.add_argument("--timeout", type=float, default=420.0, help="give up after this many seconds")
+    p.add_argument("--timeout", type=float, default=1800.0,
+                   help="give up after this many seconds in all, progressing or not (default 1800)")
+    p.add_argument("--stall-timeout", type=float, default=180.0,
+                   help="give up when no job has advanced (epoch, state, GPUs, batch size) for this many "
+                        "seconds (default 180)")
     p.add_argument("--script", type=Path, default=root / "examples" / "digits" / "train.py")
     p.add_argument("--scale", type=float, default=1.0, help="multiply every job's epochs (shorter demo: <1)")
     args = p.parse_args(argv)
@@ -174,7 +279,8 @@ def main(argv: list[str] | None = None) -> int:
             (state / extra).unlink(missing_ok=True)
     try:
         summary = run(state, nodes=args.nodes, gpus_per_node=args.gpus_per_node, interval_s=args.interval,
-                      policy=args.policy, jobs=jobs, timeout_s=args.timeout, script=args.script.resolve())
+                      policy=args.policy, jobs=jobs, timeout_s=args.timeout,
+                      stall_timeout_s=args.stall_timeout, script=args.script.resolve())
     except KeyboardInterrupt:
         print("interrupted; everything started was stopped", file=sys.stderr)
         return 130
