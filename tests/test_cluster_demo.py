@@ -89,3 +89,20 @@ def test_a_progressing_demo_is_not_stopped_by_the_stall_limit(monkeypatch):
     job = demo.DemoJob("digits-a", 0.0, 40, 16)
     demo._follow(Progressing(), [job], demo.Path("train.py"), lambda _: None,  # type: ignore[arg-type]
                  timeout_s=1e9, stall_timeout_s=25.0)
+
+
+def test_each_demo_starts_from_an_empty_state_folder_of_its_own(tmp_path):
+    state = tmp_path / "demo-state"
+    demo.fresh_state_dir(state)                       # new: created and marked
+    assert (state / demo.DEMO_MARK).is_file()
+    for name in ("jobs.db", "state.json", "logs/job-1/restart-0/rank-0.log"):   # what a run leaves
+        (state / name).parent.mkdir(parents=True, exist_ok=True)
+        (state / name).write_text("x")
+    demo.fresh_state_dir(state)                       # the next demo: cleared whole, marked again
+    assert sorted(p.name for p in state.iterdir()) == [demo.DEMO_MARK]
+    other = tmp_path / "someone-elses"
+    other.mkdir()
+    (other / "jobs.db").write_text("precious")
+    with pytest.raises(demo.DemoStateError, match="not an earlier demo's folder"):
+        demo.fresh_state_dir(other)
+    assert (other / "jobs.db").read_text() == "precious"

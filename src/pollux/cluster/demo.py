@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
+import shutil
 import sys
 import time
 from dataclasses import dataclass
@@ -66,6 +67,34 @@ class JobView:
 
     def key(self) -> tuple[Any, ...]:
         return (self.state, self.gpus, self.epoch, self.batch_size)
+
+
+class DemoStateError(RuntimeError):
+    """The demo's state folder cannot be started afresh (another folder's, or a service runs there)."""
+
+
+#: The file that marks a state folder as the demo's own, so that a later demo may clear it.
+DEMO_MARK = ".pollux-demo"
+#: The demo's default state folder (``make demo``), its own even when an older demo left it unmarked.
+DEFAULT_STATE_DIR = Path("out/demo-state")
+
+
+def fresh_state_dir(state: Path) -> None:
+    """Give every demo an empty state folder: a folder an earlier demo used (it holds ``DEMO_MARK``) is
+    removed whole — job store, logs, checkpoints — unless a service still runs from it, and so is the
+    default folder; any other non-empty folder is left alone and refused. (Removing the job store
+    alone left the store's own marker behind, and the service rightly refused to start on a store
+    that vanished: a second ``make demo`` failed at once.)"""
+    if state.exists() and any(state.iterdir()):
+        if not (state / DEMO_MARK).exists() and state.resolve() != DEFAULT_STATE_DIR.resolve():
+            raise DemoStateError(f"--state-dir {state}: not empty and not an earlier demo's folder; "
+                                 "give an empty or new folder")
+        if server.status(state, probe_ray=False)["service_alive"]:
+            raise DemoStateError(f"--state-dir {state}: a service still runs from it; stop it with "
+                                 f"'pollux server stop --state-dir {state}' first")
+        shutil.rmtree(state)
+    state.mkdir(parents=True, exist_ok=True)
+    (state / DEMO_MARK).write_text("a state folder of the Pollux demo; the next demo clears it\n")
 
 
 class DemoStalled(TimeoutError):
@@ -256,7 +285,8 @@ def main(argv: list[str] | None = None) -> int:
     root = Path(__file__).resolve().parents[3]
     p = argparse.ArgumentParser(prog="python -m pollux.cluster.demo", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--state-dir", type=Path, default=Path("out/demo-state"))
+    p.add_argument("--state-dir", type=Path, default=DEFAULT_STATE_DIR,
+                   help="the demo's own folder, cleared at every start (default out/demo-state)")
     p.add_argument("--nodes", type=int, default=4)
     p.add_argument("--gpus-per-node", type=int, default=2)
     p.add_argument("--interval", type=float, default=8.0, help="seconds between scheduling rounds")
@@ -273,10 +303,11 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"--script: {args.script} does not exist")
     jobs = [DemoJob(n, a, max(round(e * args.scale), 1), b) for n, a, e, b in DEFAULT_JOBS]
     state = args.state_dir
-    if (state / "jobs.db").exists():
-        (state / "jobs.db").unlink()     # every demo starts from an empty job store
-        for extra in ("jobs.db-wal", "jobs.db-shm"):
-            (state / extra).unlink(missing_ok=True)
+    try:
+        fresh_state_dir(state)
+    except DemoStateError as exc:
+        print(f"pollux demo: error: {exc}", file=sys.stderr)
+        return 1
     try:
         summary = run(state, nodes=args.nodes, gpus_per_node=args.gpus_per_node, interval_s=args.interval,
                       policy=args.policy, jobs=jobs, timeout_s=args.timeout,
