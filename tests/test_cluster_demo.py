@@ -106,3 +106,19 @@ def test_each_demo_starts_from_an_empty_state_folder_of_its_own(tmp_path):
     with pytest.raises(demo.DemoStateError, match="not an earlier demo's folder"):
         demo.fresh_state_dir(other)
     assert (other / "jobs.db").read_text() == "precious"
+
+
+def test_an_ended_job_is_not_read_again(monkeypatch):
+    class Counting(StuckClient):
+        reads = 0
+
+        def logs(self, job_id: str, rank: int | None = None) -> str:
+            Counting.reads += 1
+            return super().logs(job_id, rank)
+
+    client = Counting()
+    job = demo.DemoJob("digits-a", 0.0, 20, 16, id="j1")
+    listed = {"j1": {"id": "j1", "state": "succeeded", "allocation": {}}}
+    first = demo._view(client, job, listed, None)  # type: ignore[arg-type]
+    assert (first.state, first.epoch, first.batch_size) == ("succeeded", 2, 24) and Counting.reads == 1
+    assert demo._view(client, job, listed, first) is first and Counting.reads == 1  # type: ignore[arg-type]

@@ -170,8 +170,11 @@ def _submit(client: PolluxClient, job: DemoJob, script: Path) -> str:
 
 def _view(client: PolluxClient, job: DemoJob, listed: dict[str, Any], before: JobView | None) -> JobView:
     """The job's state and GPUs from the service; its epoch and batch size from its newest epoch line
-    (kept from ``before`` while a restarted run has not printed one yet)."""
+    (kept from ``before`` while a restarted run has not printed one yet). A job already seen ended
+    is not read again: its log no longer changes."""
     assert job.id is not None
+    if before is not None and before.state in TERMINAL:
+        return before
     j = listed[job.id]
     view = JobView(state=j["state"], gpus=sum(j["allocation"].values()))
     if before is not None:
