@@ -70,10 +70,10 @@ def first_step_times(log_dir: Path, job_id: str, restart: int, replicas: int) ->
 
 def bench_reallocation(moves: int, timeout_s: float) -> dict:
     from pollux.cluster import server
-    from pollux.cluster.backend import RayBackend
-    from pollux.cluster.controller import Controller, ControllerConfig
-    from pollux.cluster.scheduler import Scheduler
-    from pollux.cluster.store import JobStore
+    from pollux.cluster.backends.ray_backend import RayBackend
+    from pollux.cluster.control.controller import Controller, ControllerConfig
+    from pollux.cluster.control.scheduler import Scheduler
+    from pollux.cluster.state.store import JobStore
     from pollux.policy.base import Cluster
 
     tmp = Path(tempfile.mkdtemp(prefix="pollux-bench-"))
@@ -144,8 +144,8 @@ def bench_reallocation(moves: int, timeout_s: float) -> dict:
 
 
 def bench_round(num_jobs: int, rounds: int, seed: int) -> dict:
-    from pollux.cluster.scheduler import Scheduler
-    from pollux.cluster.store import JobStore
+    from pollux.cluster.control.scheduler import Scheduler
+    from pollux.cluster.state.store import JobStore
     from pollux.policy.base import Cluster
 
     rng = np.random.default_rng(seed)

@@ -64,7 +64,6 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
-import logging
 import os
 import pickle
 import statistics
@@ -704,9 +703,9 @@ def main(argv: list[str] | None = None) -> int:
             parser.error("--repeats must be >= 1")
         sz = Sizes(**{**vars(sz), "repeats": args.repeats})
 
-    from pollux.cluster.backend import ray_env
+    from pollux import raylink
 
-    os.environ.update(ray_env())
+    os.environ.update(raylink.LOOPBACK_ENV)
     t_start = time.monotonic()
     report: dict[str, Any] = {
         "benchmark": "litz",
@@ -725,10 +724,7 @@ def main(argv: list[str] | None = None) -> int:
         log("vs_ddp: DDP baseline (2 processes, gloo)")
         ddp = run_ddp(DdpConfig(steps=2 * sz.litz_steps - DdpConfig.warmup_steps))
         log(f"vs_ddp: DDP {ddp['examples_per_s_median_of_5_chunks']:.0f} examples/s")
-    import ray
-
-    ray.init(address="local", num_cpus=args.cpus, include_dashboard=False, logging_level=logging.ERROR,
-             log_to_driver=False, _node_ip_address="127.0.0.1")  # fmt: skip
+    ray = raylink.start_local(args.cpus)
     node = getattr(ray._private.worker, "_global_node", None)
     report["ray_session"] = getattr(node, "session_name", None)  # the test checks none of it survives
     try:

@@ -36,6 +36,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from pollux import raylink
+
 ROOT = Path(__file__).resolve().parents[1]
 JOB = ROOT / "examples" / "litz" / "mlr_job.py"
 DIGITS = ROOT / "examples" / "digits" / "train.py"
@@ -171,7 +173,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--only", choices=("live", "scripted"), help="one measurement")
     ap.add_argument("--json", action="store_true", help="print the figures as JSON")
     args = ap.parse_args(argv)
-    os.environ.update({"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_USAGE_STATS_ENABLED": "0"})
+    os.environ.update(raylink.LOOPBACK_ENV)
     floor = 0.05
     out: dict[str, Any] = {"emulated": True,
                            "note": f"node speed emulated on CPU: every micro-task padded to {floor} s"}

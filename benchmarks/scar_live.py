@@ -38,7 +38,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import logging
 import math
 import os
 import signal
@@ -176,17 +175,13 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     sz = Sizes.quick() if args.quick else Sizes()
 
-    from pollux.cluster.backend import ray_env
-
-    os.environ.update(ray_env())
-    import ray
+    from pollux import raylink
 
     t_start = time.monotonic()
     # Ray prints a notice for the killed shard on the driver's stdout: keep stdout for the JSON
     quiet = contextlib.redirect_stdout(sys.stderr)
     quiet.__enter__()
-    ray.init(address="local", num_cpus=args.cpus, include_dashboard=False, logging_level=logging.ERROR,
-             log_to_driver=False, _node_ip_address="127.0.0.1")  # fmt: skip
+    ray = raylink.start_local(args.cpus)
     try:
         with tempfile.TemporaryDirectory(prefix="scar-live-") as work:
             log(f"unperturbed: {sz.judge} epochs")

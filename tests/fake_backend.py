@@ -1,4 +1,4 @@
-"""An in-memory :class:`~pollux.cluster.backend_api.Backend` and a settable clock for the controller's
+"""An in-memory :class:`~pollux.cluster.backends.api.Backend` and a settable clock for the controller's
 unit tests: cheap, deterministic and scriptable.
 
 Nothing runs: a *replica* is a record. The test scripts what happens to it — it starts (or its start
@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from pollux.cluster.backend_api import (
+from pollux.cluster.backends.api import (
     BackendError,
     NodeInfo,
     ReplicaExit,
@@ -25,7 +25,7 @@ from pollux.cluster.backend_api import (
     ReplicaLaunch,
     actor_name,
 )
-from pollux.cluster.gputypes import TYPE_RESOURCE_PREFIX
+from pollux.cluster.backends.gputypes import TYPE_RESOURCE_PREFIX
 
 
 class FakeClock:

@@ -201,9 +201,10 @@ def local_ray(**init: Any) -> Iterator[None]:
     children — earlier tests' long-lived helpers — are not its own)."""
     import ray
 
-    from pollux.cluster.backend import descendants, ray_env
+    from pollux import raylink
+    from pollux.cluster.backends.processes import descendants
 
-    os.environ.update(ray_env())
+    os.environ.update(raylink.LOOPBACK_ENV)
     before = set(descendants(os.getpid()))
     ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
     ray.init(address="local", num_cpus=2, include_dashboard=False, logging_level="ERROR",

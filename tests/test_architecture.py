@@ -18,19 +18,21 @@ ALLOWED: dict[str, set[str]] = {
     "contract": set(),
     "goodput": set(),
     "hints": {"goodput", "contract"},
+    "raylink": {"contract"},
     "policy": {"goodput"},
     "sim": {"goodput", "policy"},
     "torch": {"goodput", "hints", "contract"},
-    "cluster": {"goodput", "policy", "hints", "contract"},
-    "litz": {"contract"},
+    "cluster": {"goodput", "policy", "hints", "contract", "raylink"},
+    "litz": {"contract", "hints", "raylink"},
     "scar": {"contract", "litz"},
-    "cli": {"goodput", "policy", "sim", "cluster", "hints", "contract", "litz", "scar"},
+    "cli": {"goodput", "policy", "sim", "cluster", "hints", "contract", "raylink", "litz", "scar"},
 }
 #: Third-party packages a part must never import: the service and the core run without torch.
 FORBIDDEN_THIRD_PARTY: dict[str, set[str]] = {
     "contract": {"torch", "numpy", "ray", "fastapi"},
     "goodput": {"torch", "ray", "fastapi"},
     "hints": {"torch", "ray"},
+    "raylink": {"torch", "numpy", "fastapi"},
     "policy": {"torch", "ray", "fastapi"},
     "sim": {"torch", "ray", "fastapi"},
     "cluster": {"torch"},
@@ -87,3 +89,39 @@ def test_no_source_file_over_the_limit():
     long = [f"{p.relative_to(SRC.parent)}: {n} lines" for p in _sources()
             if (n := len(p.read_text().splitlines())) > MAX_LINES]
     assert not long, f"split by what they hold (limit {MAX_LINES}):\n" + "\n".join(long)
+
+
+#: Inside ``pollux.cluster``: room → the rooms it may import. What is kept knows nothing of the loop,
+#: the backends or HTTP; the backends know the job spec; the loop and the HTTP side sit on both. The
+#: entry points beside the rooms (``server``, ``service``, ``demo`` and the Python ``client``) may
+#: import any room.
+CLUSTER_ROOMS: dict[str, set[str]] = {
+    "state": set(),
+    "backends": {"state"},
+    "control": {"state", "backends"},
+    "api": {"state", "backends"},
+}
+CLUSTER = SRC / "cluster"
+
+
+def _cluster_room(module: str) -> str | None:
+    parts = module.split(".")
+    return parts[2] if len(parts) > 2 and parts[:2] == ["pollux", "cluster"] else None
+
+
+def test_every_cluster_module_lives_in_a_room_or_is_an_entry_point():
+    loose = sorted(p.name for p in CLUSTER.glob("*.py") if p.name != "__init__.py")
+    assert loose == ["client.py", "demo.py", "server.py", "service.py"], loose
+    rooms = sorted(p.name for p in CLUSTER.iterdir() if p.is_dir() and p.name != "__pycache__")
+    assert rooms == sorted(CLUSTER_ROOMS)
+
+
+@pytest.mark.parametrize("room", sorted(CLUSTER_ROOMS))
+def test_cluster_rooms_import_only_the_rooms_below_them(room):
+    bad = []
+    for path in sorted((CLUSTER / room).glob("*.py")):
+        for line, module in _imports(path):
+            target = _cluster_room(module)
+            if target is not None and target != room and target not in CLUSTER_ROOMS[room]:
+                bad.append(f"{path.relative_to(SRC.parent)}:{line} imports {module}")
+    assert not bad, "imports against the rooms of docs/architecture.md:\n" + "\n".join(bad)

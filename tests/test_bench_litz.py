@@ -24,7 +24,7 @@ import pytest
 pytest.importorskip("ray")
 pytest.importorskip("torch")
 
-from pollux.cluster.backend import descendants
+from pollux.cluster.backends.processes import descendants
 
 ROOT = Path(__file__).resolve().parents[1]
 BENCH = ROOT / "benchmarks" / "litz.py"

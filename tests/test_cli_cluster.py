@@ -22,9 +22,9 @@ import pytest
 
 from api_helpers import sample_hints, serve_on_loopback, write_state
 from pollux.cli import cluster_commands, formatting, main
-from pollux.cluster.api import create_app
+from pollux.cluster.api.app import create_app
 from pollux.cluster.client import ClientError, PolluxClient
-from pollux.cluster.store import JOB_STATES, TERMINAL_STATES, JobStore
+from pollux.cluster.state.store import JOB_STATES, TERMINAL_STATES, JobStore
 from pollux.policy.registry import policy_names
 
 TOKEN = "cli-test-admin-token"

@@ -56,7 +56,7 @@ def kmeans(tmp_path_factory: pytest.TempPathFactory) -> Any:
 def ray_children_gone(before: set[int], timeout_s: float = 20.0) -> list[int]:
     """This process's children that were not there ``before`` (earlier tests may leave long-lived
     helpers of their own, e.g. multiprocessing's resource tracker), once they had time to exit."""
-    from pollux.cluster.backend import descendants
+    from pollux.cluster.backends.processes import descendants
 
     def new() -> list[int]:
         return [p for p in descendants(os.getpid()) if p not in before]
@@ -175,12 +175,11 @@ def test_doc_example_through_the_cli_locally(capsys, kmeans):
 def ray_cluster() -> Any:
     """One local Ray cluster for the Ray tests; stopped at the end, and no process of it left."""
     ray = pytest.importorskip("ray")
-    from pollux.cluster.backend import descendants, ray_env
+    from pollux import raylink
+    from pollux.cluster.backends.processes import descendants
 
-    os.environ.update(ray_env())
     before = set(descendants(os.getpid()))
-    ray.init(address="local", num_cpus=2, include_dashboard=False, logging_level="ERROR",
-             log_to_driver=False, _node_ip_address="127.0.0.1")
+    raylink.start_local(2)
     yield ray
     ray.shutdown()
     assert ray_children_gone(before) == [], "Ray processes left behind"

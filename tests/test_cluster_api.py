@@ -13,8 +13,8 @@ from fastapi.testclient import TestClient
 from prometheus_client.parser import text_string_to_metric_families
 
 from api_helpers import bearer, sample_hints
-from pollux.cluster.api import create_app
-from pollux.cluster.store import JobStore
+from pollux.cluster.api.app import create_app
+from pollux.cluster.state.store import JobStore
 
 ADMIN = "admin-secret-token"
 #: The entrypoint (relative to ``working_dir``) must exist now: the API checks it at submission.

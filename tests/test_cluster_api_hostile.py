@@ -18,9 +18,9 @@ import uvicorn
 from fastapi.testclient import TestClient
 
 from api_helpers import bearer, sample_hints
-from pollux.cluster.api import create_app
-from pollux.cluster.limits import MAX_BODY_BYTES, MAX_JSON_DEPTH
-from pollux.cluster.store import JobStore
+from pollux.cluster.api.app import create_app
+from pollux.cluster.api.limits import MAX_BODY_BYTES, MAX_JSON_DEPTH
+from pollux.cluster.state.store import JobStore
 
 ADMIN = "hostile-admin-token"
 #: Two nodes of 2 GPU slots, 8 CPUs and 32 GB each, as the backend reports them.

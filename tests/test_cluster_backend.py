@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from pollux.cluster import launcher as lch
-from pollux.cluster.backend import NodeInfo, replica_environment
-from pollux.cluster.spec import JobSpec
+from pollux.cluster.backends import launcher as lch
+from pollux.cluster.backends.ray_backend import NodeInfo, replica_environment
+from pollux.cluster.state.spec import JobSpec
 
 
 def test_replica_environment_drops_service_secrets_keeps_the_rest_and_sets_the_user():
@@ -71,7 +71,7 @@ def test_backoff_doubles_up_to_its_cap():
 
 SUBREAPER = r"""
 import ctypes, json, os, subprocess, sys, time
-from pollux.cluster.backend import descendants, kill_tree
+from pollux.cluster.backends.processes import descendants, kill_tree
 ctypes.CDLL(None).prctl(36, 1, 0, 0, 0)
 main = subprocess.Popen(["/bin/sh", "-c", "sleep 300 & setsid sleep 301 & (sleep 302 &) ; exit 0"],
                         start_new_session=True)

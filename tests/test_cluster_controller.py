@@ -22,10 +22,11 @@ from pathlib import Path
 import pytest
 
 from pollux.cluster import server
-from pollux.cluster.backend import RayBackend, descendants
-from pollux.cluster.controller import Controller, ControllerConfig
-from pollux.cluster.scheduler import Scheduler
-from pollux.cluster.store import JobStore
+from pollux.cluster.backends.processes import descendants
+from pollux.cluster.backends.ray_backend import RayBackend
+from pollux.cluster.control.controller import Controller, ControllerConfig
+from pollux.cluster.control.scheduler import Scheduler
+from pollux.cluster.state.store import JobStore
 from pollux.policy.base import Cluster
 
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("ray") is None, reason="needs ray")

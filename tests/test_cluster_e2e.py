@@ -26,8 +26,8 @@ pytest.importorskip("ray")
 pytest.importorskip("sklearn")
 
 from pollux.cluster import server
-from pollux.cluster.backend import ray_env
-from pollux.cluster.store import JobStore
+from pollux.cluster.state.store import JobStore
+from pollux.raylink import LOOPBACK_ENV
 
 ROOT = Path(__file__).resolve().parents[1]
 DIGITS = ROOT / "examples" / "digits" / "train.py"
@@ -64,9 +64,9 @@ def ray_cluster(tmp_path_factory):
     state = tmp_path_factory.mktemp("rayhost")
     info = state / "ray.json"
     log = state / "rayhost.log"
-    env = {**os.environ, **ray_env()}
+    env = {**os.environ, **LOOPBACK_ENV}
     with open(log, "wb") as out:
-        host = subprocess.Popen([sys.executable, "-m", "pollux.cluster.rayhost", "--info", str(info),
+        host = subprocess.Popen([sys.executable, "-m", "pollux.cluster.backends.rayhost", "--info", str(info),
                                  "--nodes", "3", "--gpus-per-node", "2"], stdout=out,
                                 stderr=subprocess.STDOUT, env=env, start_new_session=True)
     seen: set[int] = set()

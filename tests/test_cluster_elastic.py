@@ -18,11 +18,11 @@ import pytest
 from api_helpers import serve_on_loopback
 from fake_backend import FakeBackend, FakeClock
 from pollux import contract as ct
-from pollux.cluster.api import create_app
-from pollux.cluster.controller import Controller, ControllerConfig
-from pollux.cluster.scheduler import Scheduler
-from pollux.cluster.spec import JobSpec, SpecError
-from pollux.cluster.store import JobStore
+from pollux.cluster.api.app import create_app
+from pollux.cluster.control.controller import Controller, ControllerConfig
+from pollux.cluster.control.scheduler import Scheduler
+from pollux.cluster.state.spec import JobSpec, SpecError
+from pollux.cluster.state.store import JobStore
 from pollux.policy.base import Cluster
 
 ADMIN = "admin-token-for-tests"

@@ -28,8 +28,8 @@ from schemathesis.specs.openapi.checks import (
     status_code_conformance,
 )
 
-from pollux.cluster.api import create_app
-from pollux.cluster.store import JobStore
+from pollux.cluster.api.app import create_app
+from pollux.cluster.state.store import JobStore
 from pollux.goodput import GradStats, ThroughputParams
 from pollux.hints import build_hints
 

@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 
 from fake_backend import FakeBackend
-from pollux.cluster.controller import Controller, ControllerConfig
-from pollux.cluster.lifecycle import TRANSITIONS
-from pollux.cluster.scheduler import RoundResult, Scheduler, job_view, schedule_once
-from pollux.cluster.store import JobStore
+from pollux.cluster.control.controller import Controller, ControllerConfig
+from pollux.cluster.control.scheduler import RoundResult, Scheduler, job_view, schedule_once
+from pollux.cluster.state.lifecycle import TRANSITIONS
+from pollux.cluster.state.store import JobStore
 from pollux.goodput.records import GradStats, ThroughputParams
 from pollux.hints import build_hints
 from pollux.policy.base import Cluster, check_allocation

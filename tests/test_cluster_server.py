@@ -35,8 +35,8 @@ import pytest
 pytest.importorskip("ray")
 
 from pollux.cluster.client import PolluxClient
-from pollux.cluster.statedir import check_store, mark_store
-from pollux.cluster.store import JobStore
+from pollux.cluster.state.folder import check_store, mark_store
+from pollux.cluster.state.store import JobStore
 
 CLI = [sys.executable, "-m", "pollux.cli"]
 SMALL = ["--local-nodes", "1", "--gpus-per-node", "2", "--interval", "2", "--stop-grace", "5"]
@@ -156,7 +156,7 @@ def test_two_concurrent_starts_give_one_service_and_stop_stops_everything(state)
     info = json.loads(out)
 
     services = running(state, "pollux.cluster.service")
-    hosts = running(state, "pollux.cluster.rayhost")
+    hosts = running(state, "pollux.cluster.backends.rayhost")
     session = session_members(info["rayhost_pid"])
     assert services == [info["service_pid"]] and hosts == [info["rayhost_pid"]]
     assert (state / "state.json").exists()                    # the folder now has had a store
@@ -172,7 +172,7 @@ def test_two_concurrent_starts_give_one_service_and_stop_stops_everything(state)
     # and so does a third start, starting nothing
     again = pollux("server", "start", "--state-dir", str(state), *SMALL)
     assert again.returncode == 1 and "already runs" in again.stderr
-    assert running(state, "pollux.cluster.rayhost") == [info["rayhost_pid"]]
+    assert running(state, "pollux.cluster.backends.rayhost") == [info["rayhost_pid"]]
 
     st = json.loads(pollux("server", "status", "--state-dir", str(state), "--json").stdout)
     assert st["service_alive"] and st["healthy"] and st["ray_healthy"] is True, st
@@ -358,7 +358,7 @@ def test_run_as_refuses_an_unknown_user_root_and_a_service_not_running_as_root(t
         src = Path(__file__).resolve().parents[1] / "src"
         reachable = all(d.stat().st_mode & 0o005 == 0o005 for d in (src, *src.parents))
         if shutil.which("runuser") and Path("/usr/bin/python3").exists() and reachable:  # as another user
-            code = (f"import sys; sys.path.insert(0, {str(src)!r}); from pollux.cluster.statedir import "
+            code = (f"import sys; sys.path.insert(0, {str(src)!r}); from pollux.cluster.state.folder import "
                     "check_run_as; check_run_as('nobody')")
             res = subprocess.run(["runuser", "-u", "nobody", "--", "/usr/bin/python3", "-c", code], cwd="/",
                                  capture_output=True, text=True, timeout=60)
@@ -369,7 +369,7 @@ def test_run_as_refuses_an_unknown_user_root_and_a_service_not_running_as_root(t
 def test_run_as_nobody_keeps_the_job_away_from_the_admin_token_the_api_and_ray():
     """The job is a shell script (this machine's Python lives under /root, which nobody may not
     enter); Ray's token is checked from here: without it the cluster refuses a client."""
-    from pollux.cluster.rayhost import probe
+    from pollux.cluster.backends.rayhost import probe
 
     base = Path(tempfile.mkdtemp(prefix="pollux-run-as-", dir="/tmp"))
     os.chmod(base, 0o755)                    # nobody must reach the checkpoint folder and the script

@@ -62,8 +62,8 @@ def test_sia_places_jobs_by_type_and_moves_one_to_the_fast_type_by_checkpoint_re
     import httpx
 
     from pollux.cluster import server
-    from pollux.cluster.backend import ray_env
-    from pollux.cluster.statedir import ray_auth_env
+    from pollux.cluster.state.folder import ray_auth_env
+    from pollux.raylink import LOOPBACK_ENV
 
     state = tmp_path / "state"
     started = time.monotonic()
@@ -113,7 +113,7 @@ def test_sia_places_jobs_by_type_and_moves_one_to_the_fast_type_by_checkpoint_re
         assert sorted(t for j in now.values() for t in j["gpu_types"]) == ["a100", "t4", "t4"], now
 
         # On Ray's own state: every replica runs on a node of the type its allocation names.
-        env = {**os.environ, **ray_env(), **ray_auth_env(state)}
+        env = {**os.environ, **LOOPBACK_ENV, **ray_auth_env(state)}
         where = subprocess.run([sys.executable, "-c", WHERE, info.ray_address], env=env, capture_output=True,
                                text=True, timeout=90)
         assert where.returncode == 0, where.stderr[-2000:]

@@ -1,4 +1,4 @@
-"""Tests of job-spec validation (pollux.cluster.spec): what issue 10 found accepted that could not run
+"""Tests of job-spec validation (pollux.cluster.state.spec): what issue 10 found accepted that could not run
 or that broke the service for everyone: lone surrogates, control characters, huge strings, numbers
 out of range, impossible resources, entrypoints that cannot start."""
 
@@ -10,7 +10,7 @@ import stat
 
 import pytest
 
-from pollux.cluster.spec import (
+from pollux.cluster.state.spec import (
     MAX_ARG_CHARS,
     MAX_ARGS,
     MAX_ARGS_TOTAL_CHARS,

@@ -1,4 +1,4 @@
-"""Tests of the persistent job store (pollux.cluster.store)."""
+"""Tests of the persistent job store (pollux.cluster.state.store)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import threading
 import numpy as np
 import pytest
 
-from pollux.cluster.store import (
+from pollux.cluster.state.store import (
     SCHEMA_VERSION,
     JobSpec,
     JobStore,
@@ -207,7 +207,7 @@ def test_persistence_across_reopen_and_processes(tmp_path):
         assert len(s.transitions("a")) == 2 and s.replicas("a")[0].pid == 99
         assert s.schema_version == SCHEMA_VERSION
         # A second store on the same file, in another process, sees and writes through.
-        code = ("import sys; from pollux.cluster.store import JobStore; s = JobStore(sys.argv[1]); "
+        code = ("import sys; from pollux.cluster.state.store import JobStore; s = JobStore(sys.argv[1]); "
                 "print(s.get_job('a').state); s.transition('a', 'running', now=3.0)")
         out = subprocess.run([sys.executable, "-c", code, str(path)], capture_output=True, text=True,
                              check=True, timeout=60)
@@ -236,7 +236,7 @@ def test_migrates_empty_v0_db_and_refuses_future(tmp_path):
 
 def test_migrates_a_v1_database_keeping_its_jobs(tmp_path):
     """A store written by schema version 1 (before failures were counted) opens with its jobs intact."""
-    from pollux.cluster.store import MIGRATIONS
+    from pollux.cluster.state.store import MIGRATIONS
     path = tmp_path / "v1.db"
     conn = sqlite3.connect(path)
     for statement in MIGRATIONS[0]:
@@ -370,7 +370,7 @@ def test_tokens_are_stored_only_as_hashes(tmp_path):
 def test_migrates_plain_tokens_of_a_v2_database_to_hashes(tmp_path):
     """A store written by schema version 2 (plain tokens) opens with every token hashed, the jobs
     intact, an index for finding a job by token, and no plain token left anywhere in the file."""
-    from pollux.cluster.store import MIGRATIONS
+    from pollux.cluster.state.store import MIGRATIONS
     path = tmp_path / "v2.db"
     conn = sqlite3.connect(path)
     for statement in [*MIGRATIONS[0], *MIGRATIONS[1]]:

@@ -24,12 +24,12 @@ from api_helpers import serve_on_loopback, write_state
 from fake_backend import FakeBackend, FakeClock
 from pollux.cli import main
 from pollux.cli.formatting import describe_text, nodes_text
-from pollux.cluster import gputypes as gt
-from pollux.cluster.backend_api import NodeInfo, ReplicaLaunch
-from pollux.cluster.controller import Controller, ControllerConfig
-from pollux.cluster.rayhost import node_args, node_specs
-from pollux.cluster.scheduler import Scheduler
-from pollux.cluster.store import JobStore
+from pollux.cluster.backends import gputypes as gt
+from pollux.cluster.backends.api import NodeInfo, ReplicaLaunch
+from pollux.cluster.backends.rayhost import node_args, node_specs
+from pollux.cluster.control.controller import Controller, ControllerConfig
+from pollux.cluster.control.scheduler import Scheduler
+from pollux.cluster.state.store import JobStore
 from pollux.policy.base import Cluster
 
 TYPED = {"t4-0": 2, "t4-1": 2, "a100-0": 2}
@@ -133,7 +133,7 @@ def test_a_replica_asks_for_its_nodes_type_resource():
 def test_a_type_aware_policy_sees_the_jobs_model_per_type():
     """The service's view of a job for a type-aware policy: the model it reported per type (hints
     v2), and on a type it has not run on yet its current model; a type-unaware one gets none."""
-    from pollux.cluster.scheduler import job_view
+    from pollux.cluster.control.scheduler import job_view
     from pollux.goodput import GradStats, ThroughputParams
     from pollux.hints import build_hints
 
@@ -263,7 +263,7 @@ CLUSTER = {"nodes": [{"name": "a100-0", "gpus": 2, "address": "10.0.0.1", "gpu_t
 
 @pytest.fixture
 def service(tmp_path):
-    from pollux.cluster.api import create_app
+    from pollux.cluster.api.app import create_app
 
     store = JobStore(tmp_path / "jobs.db")
     types = {n["name"]: n["gpu_type"] for n in CLUSTER["nodes"]}
@@ -370,8 +370,8 @@ def test_e2e_replicas_run_on_ray_nodes_of_their_allocations_type(tmp_path):
     import httpx
 
     from pollux.cluster import server
-    from pollux.cluster.backend import ray_env
-    from pollux.cluster.statedir import ray_auth_env
+    from pollux.cluster.state.folder import ray_auth_env
+    from pollux.raylink import LOOPBACK_ENV
 
     state = tmp_path / "state"
     work = tmp_path / "work"
@@ -396,7 +396,7 @@ def test_e2e_replicas_run_on_ray_nodes_of_their_allocations_type(tmp_path):
                 break
             time.sleep(0.3)
         assert all(jobs[i]["state"] == "running" for i in ids), jobs
-        env = {**os.environ, **ray_env(), **ray_auth_env(state)}
+        env = {**os.environ, **LOOPBACK_ENV, **ray_auth_env(state)}
         where = subprocess.run([sys.executable, "-c", WHERE, info.ray_address], env=env, capture_output=True,
                                text=True, timeout=90)
         assert where.returncode == 0, where.stderr[-2000:]

@@ -11,8 +11,10 @@ import signal
 import pytest
 
 from fake_backend import FakeBackend, FakeClock
-from pollux.cluster.controller import Controller, ControllerConfig
-from pollux.cluster.lifecycle import (
+from pollux.cluster.control.controller import Controller, ControllerConfig
+from pollux.cluster.control.scheduler import Scheduler
+from pollux.cluster.service import release_jobs
+from pollux.cluster.state.lifecycle import (
     JOB_STATES,
     TERMINAL_STATES,
     TRANSITIONS,
@@ -20,9 +22,7 @@ from pollux.cluster.lifecycle import (
     JobState,
     check_transition,
 )
-from pollux.cluster.scheduler import Scheduler
-from pollux.cluster.service import release_jobs
-from pollux.cluster.store import JobStore
+from pollux.cluster.state.store import JobStore
 from pollux.contract import ENV_JOB_ID, ENV_MASTER_PORT, ENV_NUM_REPLICAS, ENV_RANK, ENV_RESTARTS
 from pollux.policy.base import Cluster
 
@@ -303,7 +303,7 @@ def test_run_failures_restart_with_backoff_then_fail_with_the_reason(rig):
     ("shape", "launch of restart 0 failed: the allocation {'node-0': 1} forms no replica"),
 ])
 def test_launch_failures_count_back_to_pending_then_fail(rig, how, reason):
-    from pollux.cluster.backend_api import BackendError
+    from pollux.cluster.backends.api import BackendError
     r = rig(nodes={"node-0": 2}, max_retries=1)
     spec = {"resources": {"GPU": 2}} if how == "shape" else {}
     r.submit("a", {"node-0": 1} if how == "shape" else {"node-0": 2}, **spec)
@@ -530,8 +530,8 @@ def test_a_restarted_service_finishes_a_rescale_it_had_begun(rig):
 
 
 def test_the_fake_and_ray_backends_implement_the_protocol():
-    from pollux.cluster.backend import RayBackend
-    from pollux.cluster.backend_api import Backend
+    from pollux.cluster.backends.api import Backend
+    from pollux.cluster.backends.ray_backend import RayBackend
     assert isinstance(FakeBackend(), Backend)
     methods = [m for m in vars(Backend) if not m.startswith("_") and callable(getattr(Backend, m))]
     assert len(methods) >= 12

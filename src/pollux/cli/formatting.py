@@ -21,7 +21,7 @@ from typing import Any
 __all__ = ["JOB_STATES", "TERMINAL_STATES", "LogFollower", "alloc", "describe_text", "duration", "escape",
            "escape_lines", "escape_log", "goodput_text", "num", "runtime", "status_text", "table", "when"]
 
-#: Job states of the live service (the same as ``pollux.cluster.store.JOB_STATES``, kept here so that
+#: Job states of the live service (the same as ``pollux.cluster.state.store.JOB_STATES``, kept here so that
 #: building the parser imports nothing heavy; a test checks that they agree).
 JOB_STATES = ("pending", "starting", "running", "rescaling", "succeeded", "failed", "cancelled")
 TERMINAL_STATES = frozenset({"succeeded", "failed", "cancelled"})

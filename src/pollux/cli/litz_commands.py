@@ -21,7 +21,6 @@ import importlib
 import importlib.util
 import inspect
 import json
-import logging
 import math
 import os
 import sys
@@ -32,6 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from pollux import raylink
 from pollux.cli.errors import CliError
 from pollux.cli.formatting import escape_lines
 from pollux.cli.parser import _typed, command, nonnegative_int, positive_float, positive_int
@@ -54,9 +54,6 @@ ANY = object
 
 #: The options that set a config key, and the key (LDA's iterations are its epochs).
 OPTION_KEYS = {"iterations": "iterations", "epochs": "epochs", "staleness": "staleness", "seed": "seed"}
-
-#: Environment of every process that starts a local Ray cluster (loopback, no usage statistics).
-RAY_ENV = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_USAGE_STATS_ENABLED": "0"}
 
 
 @dataclass
@@ -273,11 +270,9 @@ def run_on_ray(app: Any, args: argparse.Namespace, progress: Progress) -> Any:
         raise CliError(str(exc), usage=True) from exc
     owned = not _ray_running(ray)
     if owned:
-        os.environ.update(RAY_ENV)
         cpus = os.cpu_count() or 1
         progress.say(f"starting a local Ray cluster ({cpus} CPUs, loopback) ...")
-        ray.init(address="local", num_cpus=cpus, include_dashboard=False, logging_level=logging.ERROR,
-                 log_to_driver=False, _node_ip_address="127.0.0.1")
+        raylink.start_local(cpus)
     for name, module in list(sys.modules.items()):  # a user's file: workers cannot import it
         if name.startswith("pollux_litz_user_"):
             ray.cloudpickle.register_pickle_by_value(module)
@@ -352,7 +347,7 @@ def _resize_text(r: Mapping[str, Any]) -> str:
 
 def _wait_for_children(timeout_s: float = 20.0) -> None:
     """Wait until Ray's processes (children of this one) are gone, so none is left behind."""
-    from pollux.cluster.backend import descendants
+    from pollux.cluster.backends.processes import descendants
 
     deadline = time.monotonic() + timeout_s
     while descendants(os.getpid()) and time.monotonic() < deadline:

@@ -1,4 +1,4 @@
-"""A small synchronous client of the scheduler service's REST API (:mod:`pollux.cluster.api`).
+"""A small synchronous client of the scheduler service's REST API (:mod:`pollux.cluster.api.app`).
 
 ::
 

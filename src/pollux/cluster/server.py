@@ -1,7 +1,7 @@
 """Starting, stopping and inspecting a Pollux server: the service process and its Ray host (SPEC §9).
 
 ``pollux server start`` creates the state directory and the admin token file (0600), starts the
-embedded Ray cluster in its own host process (:mod:`pollux.cluster.rayhost`) unless ``--ray-address``
+embedded Ray cluster in its own host process (:mod:`pollux.cluster.backends.rayhost`) unless ``--ray-address``
 points at an existing cluster, then starts the service process (:mod:`pollux.cluster.service`). Both
 run in their own sessions, detached from the terminal, with their output in ``DIR/rayhost.log`` and
 ``DIR/service.log``; their PIDs go to ``DIR/server.json``. Starting again while the Ray host lives
@@ -11,7 +11,7 @@ running.
 A start holds ``DIR/start.lock`` from beginning to end (a second start on the folder fails at once),
 refuses a folder whose service lives (``DIR/service.lock`` is held) and a damaged job store, both
 before it spawns anything, and stops the Ray host it launched if it fails after launching it (see
-:mod:`pollux.cluster.statedir`). The embedded cluster runs with Ray's token authentication.
+:mod:`pollux.cluster.state.folder`). The embedded cluster runs with Ray's token authentication.
 
 ``pollux server stop`` stops the service (it preempts every running job, which checkpoints and waits
 as pending for the next start), then the Ray host, then whatever process of the embedded cluster is
@@ -31,8 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pollux.cluster.backend import ray_env
-from pollux.cluster.statedir import (
+from pollux.cluster.state.folder import (
     RAY_TOKEN,
     SERVICE_LOCK,
     START_LOCK,
@@ -47,6 +46,7 @@ from pollux.cluster.statedir import (
     secure_state_dir,
 )
 from pollux.policy.clusterspec import parse_cluster
+from pollux.raylink import LOOPBACK_ENV
 
 __all__ = ["ServerError", "ServerInfo", "connect", "default_state_dir", "pid_alive", "spawn_rayhost", "start",
            "status", "stop", "stop_pid"]
@@ -181,9 +181,9 @@ def spawn_rayhost(state_dir: Path, nodes: int | str, gpus_per_node: int, timeout
     (state / "ray.json").unlink(missing_ok=True)
     log = state / "rayhost.log"
     shape = ["--cluster", nodes] if isinstance(nodes, str) else ["--nodes", str(nodes)]
-    host = _spawn([sys.executable, "-m", "pollux.cluster.rayhost", "--info", str(state / "ray.json"),
+    host = _spawn([sys.executable, "-m", "pollux.cluster.backends.rayhost", "--info", str(state / "ray.json"),
                    *shape, "--gpus-per-node", str(gpus_per_node)], log,
-                  {**os.environ, **ray_env(), **(env or {})})
+                  {**os.environ, **LOOPBACK_ENV, **(env or {})})
     if on_spawn is not None:
         on_spawn(host.pid)
     return host, _wait_for(state / "ray.json", host, timeout_s, "the Ray host", log)["address"]
@@ -236,7 +236,7 @@ def _sweep(state: Path, rayhost_pid: int | None = None) -> int:
 
 
 def _write_server_json(state: Path, data: dict[str, Any]) -> None:
-    from pollux.cluster.rayhost import write_json_atomic
+    from pollux.cluster.backends.rayhost import write_json_atomic
     write_json_atomic(state / "server.json", data)
 
 
@@ -306,7 +306,7 @@ def _start_locked(state: Path, *, ray_address: str | None, local_nodes: int | st
         raise ServerError(f"{exc}; nothing was started") from None
     secure_state_dir(state, run_as)
     if run_as:
-        from pollux.cluster.launcher import prepare_run_as
+        from pollux.cluster.backends.launcher import prepare_run_as
         try:
             prepare_run_as(state, run_as)
         except ValueError as exc:
@@ -315,7 +315,7 @@ def _start_locked(state: Path, *, ray_address: str | None, local_nodes: int | st
     info = read_json(state / "server.json") or {}
     embedded = ray_address is None
     auth = ray_auth_env(state) if embedded else {}
-    env = {**os.environ, **ray_env(), **auth}
+    env = {**os.environ, **LOOPBACK_ENV, **auth}
     rayhost_pid = info.get("rayhost_pid")
     if info.get("embedded", True) and rayhost_pid and not pid_alive(rayhost_pid):
         _sweep(state, rayhost_pid)            # what a Ray host killed earlier left behind
@@ -325,7 +325,7 @@ def _start_locked(state: Path, *, ray_address: str | None, local_nodes: int | st
     if embedded and rayhost_pid is not None:
         ray_info = read_json(state / "ray.json") or {}
         if ray_info.get("pid") == rayhost_pid and ray_info.get("address"):
-            from pollux.cluster.rayhost import gcs_listening
+            from pollux.cluster.backends.rayhost import gcs_listening
             if gcs_listening(ray_info["address"]) is None:
                 address = ray_info["address"]
                 say(f"reusing the embedded Ray cluster at {address} (host PID {rayhost_pid})")
@@ -465,7 +465,7 @@ def _stop_recorded_replicas(state: Path) -> int:
         check_store(state)   # never let opening the store turn a damaged file into an empty store
     except StoreError:
         return 0
-    from pollux.cluster.store import JobStore
+    from pollux.cluster.state.store import JobStore
     killed = 0
     with JobStore(db) as store:
         for job in store.list_jobs():
@@ -505,7 +505,7 @@ def status(state_dir: Path, *, probe_ray: bool = True) -> dict[str, Any]:
         out["ray_healthy"] = False
         out["ray_error"] = f"the Ray host (PID {rayhost_pid}) is not running"
     elif probe_ray and out["ray_address"] and (running is not None or out["rayhost_alive"]):
-        from pollux.cluster.rayhost import probe
+        from pollux.cluster.backends.rayhost import probe
         ray_token = state / RAY_TOKEN
         env = {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(ray_token)} \
             if embedded and ray_token.exists() else {}

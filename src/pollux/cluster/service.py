@@ -12,7 +12,7 @@ running; the next start adopts them.
 
 Before it touches Ray or the store, the service takes ``DIR/service.lock`` (an exclusive ``flock``
 held for its whole life): a second service on the same folder refuses to run (exit 1). It then
-refuses a damaged or emptied job store (:func:`pollux.cluster.statedir.check_store`, exit 1).
+refuses a damaged or emptied job store (:func:`pollux.cluster.state.folder.check_store`, exit 1).
 
 ``--run-as USER`` (the service must run as root) runs every replica as that unprivileged user; the
 state folder is then closed to it but for its own checkpoint folder. A service running as root
@@ -49,11 +49,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from pollux.cluster.controller import Controller, ControllerConfig
-from pollux.cluster.lifecycle import ACTIVE_STATES, JobState
-from pollux.cluster.rayhost import write_json_atomic
-from pollux.cluster.scheduler import Scheduler
-from pollux.cluster.statedir import (
+from pollux.cluster.backends.rayhost import write_json_atomic
+from pollux.cluster.control.controller import Controller, ControllerConfig
+from pollux.cluster.control.scheduler import Scheduler
+from pollux.cluster.state.folder import (
     SERVICE_LOCK,
     FolderLock,
     LockedError,
@@ -63,7 +62,8 @@ from pollux.cluster.statedir import (
     mark_store,
     secure_state_dir,
 )
-from pollux.cluster.store import JobStore
+from pollux.cluster.state.lifecycle import ACTIVE_STATES, JobState
+from pollux.cluster.state.store import JobStore
 from pollux.contract import LOG_FORMAT
 from pollux.policy.base import Cluster
 from pollux.policy.registry import policy_names
@@ -198,8 +198,8 @@ def main(argv: list[str] | None = None) -> int:
 def _serve(args: argparse.Namespace, state: Path) -> int:
     import uvicorn
 
-    from pollux.cluster.api import create_app
-    from pollux.cluster.backend import RayBackend
+    from pollux.cluster.api.app import create_app
+    from pollux.cluster.backends.ray_backend import RayBackend
 
     try:
         check_run_as(args.run_as)

@@ -32,6 +32,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from pollux import contract as ct
+from pollux import raylink
+from pollux.hints import build_hints, hints_path
 
 logger = logging.getLogger("pollux.litz")
 
@@ -64,7 +66,7 @@ class ServiceLink:
         self.url = url.rstrip("/")
         quoted = urllib.parse.quote(job_id, safe="")
         self.path = ct.ALLOCATION_ENDPOINT.format(job_id=quoted)
-        self.hints_path = f"/v1/jobs/{quoted}/hints"      # pollux.hints.HINTS_ENDPOINT (not importable here)
+        self.hints_path = hints_path(job_id)
         self.token = token
         self.timeout_s = timeout_s
         # Loopback needs no proxy; a proxy from the environment must not see the job's token.
@@ -110,14 +112,12 @@ def litz_hints(num_executors: int, task_s: float, workers: int, sync_s: float = 
     micro-task per executor, fixed (no batch-size scaling, so statistical efficiency is 1), and a
     worker running ``E / W`` of them takes ``task_s`` each — so the job speeds up with workers until
     each has one executor. ``task_s`` is measured by the master (wall time per task per worker)."""
-    e = max(int(num_executors), 1)
-    return {"version": 2,
-            "throughput": {"alpha_grad": 1e-3, "beta_grad": max(float(task_s), 1e-6),
-                           "alpha_local": float(sync_s), "beta_local": 0.0, "alpha_node": float(sync_s),
-                           "beta_node": 0.0, "gamma": 1.0},
-            "grad": {"sqr": 1.0, "var": 0.0}, "init_batch_size": e, "max_batch_size": e,
-            "local_bsz_bounds": [1, e], "accumulation": False, "max_replicas_seen": max(int(workers), 1),
-            "progress": 0.0, "epoch": 0}
+    executors = max(int(num_executors), 1)
+    throughput = {"alpha_grad": 1e-3, "beta_grad": max(float(task_s), 1e-6), "alpha_local": float(sync_s),
+                  "beta_local": 0.0, "alpha_node": float(sync_s), "beta_node": 0.0, "gamma": 1.0}
+    return build_hints(throughput, {"sqr": 1.0, "var": 0.0}, init_batch_size=executors,
+                       max_batch_size=executors, local_bsz_bounds=[1, executors], accumulation=False,
+                       max_replicas_seen=max(int(workers), 1), progress=0.0, epoch=0)
 
 
 def node_ids_by_name() -> dict[str, str]:
@@ -153,16 +153,12 @@ def run_under_service(app: Any, runtime_config: Any, *, env: Mapping[str, str] |
     """
     import dataclasses
 
-    import ray
-
     from pollux.litz.runtime import LitzRuntime
 
     env = dict(os.environ if env is None else env)
     job_id = env[ct.ENV_JOB_ID]
     link = ServiceLink(env[ct.ENV_SCHEDULER_URL], job_id, env.get(ct.ENV_JOB_TOKEN))
-    if not ray.is_initialized():
-        ray.init(address=env[ct.ENV_RAY_ADDRESS], namespace=f"pollux-litz-{job_id}",
-                 logging_level=logging.WARNING, log_to_driver=False, include_dashboard=False)
+    raylink.connect(env[ct.ENV_RAY_ADDRESS], namespace=f"pollux-litz-{job_id}")
     alloc = link.get()
     ids = node_ids_by_name()
     slots = slot_node_ids(alloc, ids)

@@ -1,15 +1,15 @@
-"""The records the job store reads and writes (:mod:`pollux.cluster.store`), apart from the store.
+"""The records the job store reads and writes (:mod:`pollux.cluster.state.store`), apart from the store.
 
 Plain frozen dataclasses, so that the controller, the API and the tests can hold them without the
-store's SQLite plumbing; :mod:`pollux.cluster.store` re-exports every name.
+store's SQLite plumbing; :mod:`pollux.cluster.state.store` re-exports every name.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from pollux.cluster.lifecycle import TERMINAL_STATES
-from pollux.cluster.spec import JobSpec
+from pollux.cluster.state.lifecycle import TERMINAL_STATES
+from pollux.cluster.state.spec import JobSpec
 
 __all__ = ["AllocationRecord", "JobRecord", "ReplicaRecord", "ResizeRecord", "TransitionRecord",
            "UnknownJobError"]

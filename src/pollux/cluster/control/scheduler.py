@@ -4,7 +4,7 @@ Every interval the service builds the policy's inputs from the stored jobs and h
 hints has no model yet, so the policy assumes it scales linearly, SPEC priors), runs the configured
 policy (``pollux`` by default; ``tiresias`` and ``fifo`` also selectable), persists the policy's
 state and reports only the allocations that changed. Applying them (and the state transitions that
-go with them) is the controller's job (:meth:`pollux.cluster.controller.Controller.run_round`).
+go with them) is the controller's job (:meth:`pollux.cluster.control.controller.Controller.run_round`).
 
 One job's numbers never stop scheduling for everyone: :func:`job_view` clamps replica counts to
 what the cluster could ever give (so no policy sees ``min_replicas: 1e20``), and when the policy
@@ -29,9 +29,9 @@ from typing import Any
 
 import numpy as np
 
-from pollux.cluster.launcher import gpus_per_replica
-from pollux.cluster.lifecycle import SCHEDULED_STATES
-from pollux.cluster.store import JobRecord, JobStore
+from pollux.cluster.backends.launcher import gpus_per_replica
+from pollux.cluster.state.lifecycle import SCHEDULED_STATES
+from pollux.cluster.state.store import JobRecord, JobStore
 from pollux.hints import hints_to_model, hints_to_type_models
 from pollux.policy.base import (
     Allocation,

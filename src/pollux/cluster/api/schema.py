@@ -1,9 +1,9 @@
-"""The OpenAPI description of the service's API (:mod:`pollux.cluster.api`): bodies, answers, errors.
+"""The OpenAPI description of the service's API (:mod:`pollux.cluster.api.app`): bodies, answers, errors.
 
 Request bodies are parsed by hand in the API (so that an error names the field, and so that limits
 apply before parsing), so the framework cannot infer their schemas; they are written here as JSON
 Schema (OpenAPI 3.1 uses draft 2020-12), from the same limits the validation enforces
-(:mod:`pollux.cluster.spec`, :mod:`pollux.cluster.limits`, the hints contract ``hints-v2.json``).
+(:mod:`pollux.cluster.state.spec`, :mod:`pollux.cluster.api.limits`, the hints contract ``hints-v2.json``).
 Answers are described the same way, field for field, so that a schema-driven fuzzer can check every
 real answer against them (``tests/test_cluster_openapi.py``).
 
@@ -20,16 +20,16 @@ from typing import Any
 from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 
-from pollux.cluster import spec as _spec
-from pollux.cluster.lifecycle import JOB_STATES
-from pollux.cluster.limits import MAX_BODY_BYTES, MAX_JSON_DEPTH, MAX_QUERY_INT
+from pollux.cluster.api.limits import MAX_BODY_BYTES, MAX_JSON_DEPTH, MAX_QUERY_INT
+from pollux.cluster.state import spec
+from pollux.cluster.state.lifecycle import JOB_STATES
 from pollux.contract import BALANCE_MODES, JOB_KINDS
 from pollux.hints import load_schema as _load_hints_schema
 
 __all__ = ["COMPONENTS", "JOB_ID_PATTERN", "install", "request_body", "responses"]
 
 #: What a job id may be (as the store allows it); any other id is answered 404 without a look-up.
-JOB_ID_PATTERN = r"^[A-Za-z0-9._-]{1,128}$"
+JOB_ID_PATTERN = f"^{spec.JOB_ID_PATTERN}$"
 
 _REF = "#/components/schemas/"
 
@@ -42,8 +42,8 @@ def _nullable(schema: dict[str, Any]) -> dict[str, Any]:
     return {"anyOf": [schema, {"type": "null"}]}
 
 
-_PATH = {"type": "string", "minLength": 1, "maxLength": _spec.MAX_PATH_CHARS}
-_BATCH = {"type": "integer", "minimum": 1, "maximum": _spec.MAX_BATCH_SIZE}
+_PATH = {"type": "string", "minLength": 1, "maxLength": spec.MAX_PATH_CHARS}
+_BATCH = {"type": "integer", "minimum": 1, "maximum": spec.MAX_BATCH_SIZE}
 
 
 def _job_spec(*, answer: bool) -> dict[str, Any]:
@@ -54,9 +54,9 @@ def _job_spec(*, answer: bool) -> dict[str, Any]:
                        "executable's path, or a command on the PATH; relative to working_dir. No "
                        "control characters."},
         "init_batch_size": {**_BATCH, "description": "The batch size the job was tuned with."},
-        "args": {**_nullable({"type": "array", "maxItems": _spec.MAX_ARGS,
-                              "items": {"type": "string", "maxLength": _spec.MAX_ARG_CHARS}}),
-                 "description": f"Arguments (no NUL; at most {_spec.MAX_ARGS_TOTAL_CHARS} characters "
+        "args": {**_nullable({"type": "array", "maxItems": spec.MAX_ARGS,
+                              "items": {"type": "string", "maxLength": spec.MAX_ARG_CHARS}}),
+                 "description": f"Arguments (no NUL; at most {spec.MAX_ARGS_TOTAL_CHARS} characters "
                                 "in all)."},
         "working_dir": {**_nullable({**_PATH, "pattern": "^/"}),
                         "description": "Absolute path of an existing directory the replicas run in."},
@@ -66,18 +66,18 @@ def _job_spec(*, answer: bool) -> dict[str, Any]:
                                           "items": _nullable(_BATCH)}),
                              "description": "[lo, hi] bounds of the per-replica batch (lo <= hi); null "
                                             "entries are unbounded."},
-        "min_replicas": {**_nullable({"type": "integer", "minimum": 0, "maximum": _spec.MAX_REPLICAS}),
+        "min_replicas": {**_nullable({"type": "integer", "minimum": 0, "maximum": spec.MAX_REPLICAS}),
                          "description": "Replicas the job needs at once (at most the cluster's slots "
                                         "for it)."},
-        "max_replicas": {**_nullable({"type": "integer", "minimum": 1, "maximum": _spec.MAX_REPLICAS}),
+        "max_replicas": {**_nullable({"type": "integer", "minimum": 1, "maximum": spec.MAX_REPLICAS}),
                          "description": "Most replicas (>= min_replicas); null for no limit."},
         "resources": {**_nullable({
-            "type": "object", "maxProperties": _spec.MAX_RESOURCES,
-            "propertyNames": {"minLength": 1, "maxLength": _spec.MAX_RESOURCE_NAME_CHARS},
+            "type": "object", "maxProperties": spec.MAX_RESOURCES,
+            "propertyNames": {"minLength": 1, "maxLength": spec.MAX_RESOURCE_NAME_CHARS},
             "properties": {"GPU": {"type": "integer", "minimum": 1,
-                                   "maximum": _spec.MAX_GPUS_PER_REPLICA}},
-            "additionalProperties": {"type": "number", "minimum": _spec.MIN_RESOURCE_AMOUNT,
-                                     "maximum": _spec.MAX_RESOURCE_AMOUNT}}),
+                                   "maximum": spec.MAX_GPUS_PER_REPLICA}},
+            "additionalProperties": {"type": "number", "minimum": spec.MIN_RESOURCE_AMOUNT,
+                                     "maximum": spec.MAX_RESOURCE_AMOUNT}}),
             "description": "Ray resources per replica; GPU (a whole number, default 1) must fit on one "
                            "node, every other resource be present somewhere in that amount."},
         "preemptible": {"type": "boolean", "description": "Whether the policy may take the job's GPUs."},
@@ -175,7 +175,7 @@ COMPONENTS: dict[str, Any] = {
         "description": f"Body of POST /v1/jobs (at most {MAX_BODY_BYTES} bytes, nested at most "
                        f"{MAX_JSON_DEPTH} deep; no lone surrogates or non-finite numbers anywhere).",
         "properties": {
-            "name": {**_nullable({"type": "string", "minLength": 1, "maxLength": _spec.MAX_NAME_CHARS,
+            "name": {**_nullable({"type": "string", "minLength": 1, "maxLength": spec.MAX_NAME_CHARS,
                                   "pattern": r"\S"}),
                      "description": "Shown in listings; no control characters. Defaults to the job id."},
             "spec": _ref("JobSpecRequest"),

@@ -1,6 +1,6 @@
 """The Ray backend of the live scheduler (SPEC §9): nodes, and replica processes placed on them.
 
-One implementation of :class:`pollux.cluster.backend_api.Backend` (the protocol, its records and
+One implementation of :class:`pollux.cluster.backends.api.Backend` (the protocol, its records and
 errors live there and are re-exported here).
 
 Each replica is one *detached*, named Ray actor pinned to its node (node affinity, holding the
@@ -36,7 +36,7 @@ password, credential or key are removed before the job's ``POLLUX_*`` variables 
 Nodes are named by a custom resource ``pollux-node-<name>`` when they declare one (the embedded
 cluster does: ``node-0``, ``node-1``, ... or, typed, ``t4-0``, ``a100-0``, ...), otherwise by their
 address and the start of their Ray id. A node's GPU type is read from its resources
-(:mod:`pollux.cluster.gputypes`).
+(:mod:`pollux.cluster.backends.gputypes`).
 """
 
 from __future__ import annotations
@@ -47,11 +47,12 @@ import re
 import signal
 import threading
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from pollux import contract as ct
-from pollux.cluster.backend_api import (
+from pollux import raylink
+from pollux.cluster.backends.api import (
     NAMESPACE,
     NodeInfo,
     ReplicaExit,
@@ -60,12 +61,13 @@ from pollux.cluster.backend_api import (
     actor_name,
     parse_actor_name,
 )
-from pollux.cluster.gputypes import gpu_type_of
+from pollux.cluster.backends.gputypes import gpu_type_of
+from pollux.cluster.backends.processes import descendants, kill_tree, signal_all
 
 logger = logging.getLogger("pollux.cluster")
 
 __all__ = ["NAMESPACE", "NODE_RESOURCE_PREFIX", "NodeInfo", "RayBackend", "ReplicaExit", "ReplicaHandle",
-           "ReplicaLaunch", "actor_name", "descendants", "kill_tree", "parse_actor_name", "ray_env",
+           "ReplicaLaunch", "actor_name", "parse_actor_name",
            "replica_environment"]
 
 #: A node declaring the custom resource ``pollux-node-<name>`` is called ``<name>``.
@@ -79,81 +81,6 @@ USER_VARIABLES = ("HOME", "USER", "LOGNAME", "MAIL", "SHELL", "SUDO_USER", "SUDO
 ACTOR_CONCURRENCY = 4
 PR_SET_PDEATHSIG = 1
 PR_SET_CHILD_SUBREAPER = 36
-
-
-def ray_env() -> dict[str, str]:
-    """Environment every process that starts or joins a local Ray cluster needs (loopback, no stats)."""
-    return {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_USAGE_STATS_ENABLED": "0"}
-
-
-# ------------------------------------------------------------------------------- process trees
-
-
-def _parent_pids() -> dict[int, int]:
-    """``{pid: parent pid}`` of every process visible in /proc."""
-    out = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat", "rb") as f:
-                out[int(entry)] = int(f.read().rsplit(b")", 1)[1].split()[1])
-        except (OSError, IndexError, ValueError):
-            continue
-    return out
-
-
-def descendants(root: int) -> list[int]:
-    """PIDs of every process below ``root`` (children first), from the parent links in /proc."""
-    children: dict[int, list[int]] = {}
-    for pid, ppid in _parent_pids().items():
-        children.setdefault(ppid, []).append(pid)
-    out: list[int] = []
-    todo = list(children.get(root, ()))
-    while todo:
-        pid = todo.pop()
-        out.append(pid)
-        todo.extend(children.get(pid, ()))
-    return out
-
-
-def _signal_all(pgid: int | None, pids: Iterable[int], signum: int) -> None:
-    if pgid is not None:
-        try:
-            os.killpg(pgid, signum)
-        except OSError:
-            pass
-    for pid in pids:
-        try:
-            os.kill(pid, signum)
-        except OSError:
-            pass
-
-
-def kill_tree(pgid: int | None, root: int | None = None, timeout_s: float = 5.0) -> int:
-    """SIGKILL the process group ``pgid`` and every descendant of ``root`` (default: this process),
-    reaping those that are this process's children; returns how many descendants were found.
-
-    Meant for a subreaper whose only children are one replica's processes: orphans re-parent to it,
-    so they are reaped here rather than left as zombies.
-    """
-    root = os.getpid() if root is None else root
-    found: set[int] = set()
-    deadline = time.monotonic() + timeout_s
-    while True:
-        left = descendants(root)
-        found.update(left)
-        _signal_all(pgid, left, signal.SIGKILL)
-        for pid in left:
-            try:
-                os.waitpid(pid, os.WNOHANG)
-            except ChildProcessError:   # not our child (yet): its parent dies and it re-parents to us
-                pass
-            except OSError:
-                pass
-        if not left or time.monotonic() > deadline:
-            return len(found)
-        time.sleep(0.02)
 
 
 def replica_environment(inherited: Mapping[str, str], job_env: Mapping[str, str],
@@ -256,7 +183,7 @@ class _ReplicaActor:
         """Send ``signum`` to the replica's process group and descendants; False if it has exited."""
         if self.proc is None or self._done.is_set():
             return False
-        _signal_all(self.proc.pid, descendants(os.getpid()), signum)
+        signal_all(self.proc.pid, descendants(os.getpid()), signum)
         return True
 
 
@@ -267,19 +194,10 @@ class RayBackend:
     """Connects to a Ray cluster as a driver and manages replica actors on it."""
 
     def __init__(self, address: str, *, namespace: str = NAMESPACE) -> None:
-        os.environ.update(ray_env())
-        import ray
+        ray = raylink.connect(address, namespace=namespace)
         self._ray = ray
         self.address = address
         self.namespace = namespace
-        if not ray.is_initialized():
-            # Ray reads RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER once, when first imported; a process that
-            # imported it before ray_env() was set would rewrite a loopback address to the machine's
-            # outside one and never reach the local cluster. Apply the setting just made.
-            from ray._private import ray_constants
-            ray_constants.ENABLE_RAY_CLUSTER = os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] != "0"
-            ray.init(address=address, namespace=namespace, logging_level=logging.WARNING,
-                     log_to_driver=False, include_dashboard=False)
         self._actor_cls = ray.remote(num_cpus=0, max_restarts=0)(_ReplicaActor)
 
     def shutdown(self) -> None:

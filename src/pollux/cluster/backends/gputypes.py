@@ -23,7 +23,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 
-from pollux.cluster.backend_api import NodeInfo, ReplicaLaunch
+from pollux.cluster.backends.api import NodeInfo, ReplicaLaunch
 from pollux.contract import ENV_GPU_TYPE
 from pollux.policy.base import DEFAULT_GPU_TYPE, Cluster
 

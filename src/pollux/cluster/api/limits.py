@@ -8,7 +8,7 @@ and ~1,000 levels raise ``RecursionError`` — and when any string or key in it 
 (``"\\ud800"`` is valid JSON but not valid Unicode: it cannot be stored or sent back as UTF-8).
 Integer query parameters are bounded by :data:`MAX_QUERY_INT` (SQLite's integers are 64-bit; a
 larger one overflowed there). String lengths and numeric ranges of a job's spec are the spec's own
-validation (:mod:`pollux.cluster.spec`).
+validation (:mod:`pollux.cluster.state.spec`).
 
 Every refusal is a :class:`RequestError` naming the field, answered as ``{"detail", "field"}``.
 """

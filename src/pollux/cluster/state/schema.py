@@ -1,4 +1,4 @@
-"""The schema of the job store (:mod:`pollux.cluster.store`) and its migrations.
+"""The schema of the job store (:mod:`pollux.cluster.state.store`) and its migrations.
 
 ``schema_version`` holds one row, and :data:`MIGRATIONS` lists the steps that take a database from
 version ``i`` to ``i + 1``; the store applies each version's steps inside one transaction. A step is

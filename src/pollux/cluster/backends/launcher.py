@@ -1,7 +1,7 @@
 """What the control loop needs to launch one run of a job (SPEC §9), apart from the loop itself.
 
 * :func:`build_launches` turns a job's allocation ``{node: GPU slots}`` into one
-  :class:`~pollux.cluster.backend.ReplicaLaunch` per replica. A replica holds ``resources.GPU``
+  :class:`~pollux.cluster.backends.ray_backend.ReplicaLaunch` per replica. A replica holds ``resources.GPU``
   slots (one by default; the value is rounded up to a whole number of slots), so ``n`` slots on a
   node form ``n // G`` replicas there and any remainder stays idle. An allocation that forms no
   replica at all (say one slot for a job asking two GPUs per replica) cannot start: it is a launch
@@ -29,21 +29,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pollux.cluster.backend_api import NodeInfo, ReplicaHandle, ReplicaLaunch
-from pollux.cluster.gputypes import with_type_resources
-from pollux.cluster.spec import JobSpec
+from pollux import raylink
+from pollux.cluster.backends.api import NodeInfo, ReplicaHandle, ReplicaLaunch
+from pollux.cluster.backends.gputypes import with_type_resources
+from pollux.cluster.state.spec import JobSpec
 from pollux.contract import (
     ENV_BALANCE,
     ENV_NODE_RANK,
     ENV_NUM_NODES,
     ENV_NUM_REPLICAS,
     ENV_RANK,
-    ENV_RAY_ADDRESS,
 )
-
-#: The Ray settings an elastic job's master needs to join the cluster (loopback, no usage stats,
-#: the service's token authentication), copied from the service's own environment.
-_ELASTIC_RAY_VARS = ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN_PATH")
 
 __all__ = ["Launch", "LaunchError", "backoff_s", "build_launches", "busy_reason", "gpus_per_replica",
            "launch_usage", "lookup_user", "never_fits", "prepare_checkpoint_dir", "prepare_run_as",
@@ -114,7 +110,7 @@ def build_launches(spec: JobSpec, placement: Mapping[str, int], *, command: list
     """One launch per replica of a run on ``placement``; raises LaunchError if it forms no replica.
 
     With ``nodes`` (the alive nodes by name), a replica on a node with a GPU type also asks for that
-    type's resource (:func:`pollux.cluster.gputypes.type_resource`), so that the backend can place it
+    type's resource (:func:`pollux.cluster.backends.gputypes.type_resource`), so that the backend can place it
     only on a node of the type the allocation was made for.
 
     A spec whose ``balance`` is not ``"off"`` sets ``POLLUX_BALANCE`` (the agent's default balance
@@ -160,11 +156,7 @@ def elastic_env(spec: JobSpec, ray_address: str | None) -> dict[str, str]:
     the settings to join it (a replica's environment otherwise carries nothing ``RAY_*``)."""
     if spec.kind != "elastic":
         return {}
-    env = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_USAGE_STATS_ENABLED": "0"}
-    env.update({k: os.environ[k] for k in _ELASTIC_RAY_VARS if k in os.environ})
-    if ray_address:
-        env[ENV_RAY_ADDRESS] = ray_address
-    return env
+    return raylink.join_env(ray_address)
 
 
 def usage_of(placement: Mapping[str, int],

@@ -1,12 +1,12 @@
 """The seam between the control loop and whatever runs replicas: a small protocol, its records, errors.
 
-:class:`Backend` is everything :class:`~pollux.cluster.controller.Controller` asks of a cluster: the
+:class:`Backend` is everything :class:`~pollux.cluster.control.controller.Controller` asks of a cluster: the
 alive nodes, creating one named replica per rank on a node, asking rank 0 for a rendezvous, starting
 the processes, learning of exits, signalling, releasing, and finding replicas again by name after a
 service restart. Nothing in it blocks on a replica: calls that need an answer return an opaque
 *reference* (``Ref``) that :meth:`Backend.ready` reports resolved, without waiting, and
 :meth:`Backend.result` / :meth:`Backend.exit_status` read. So a backend may be Ray
-(:class:`pollux.cluster.backend.RayBackend`, references are Ray object refs), a process pool, a
+(:class:`pollux.cluster.backends.ray_backend.RayBackend`, references are Ray object refs), a process pool, a
 Kubernetes client — or the in-memory fake the controller's unit tests script
 (``tests/fake_backend.py``).
 
@@ -55,7 +55,7 @@ class NodeInfo:
     """One alive node: its Pollux name, backend id, address, GPU slots and all its resources.
 
     ``gpu_type`` is the type of its GPUs (``"t4"``, ``"A100"``, ...) when the backend knows it, None
-    for an untyped node (see :mod:`pollux.cluster.gputypes`): a cluster of untyped nodes is scheduled
+    for an untyped node (see :mod:`pollux.cluster.backends.gputypes`): a cluster of untyped nodes is scheduled
     as one pool, as before GPU types existed.
     """
 

@@ -2,9 +2,10 @@
 
 The store holds the *desired* state: each job's lifecycle state and its allocation ``{node: GPUs}``,
 written by the scheduling round every ``interval_s`` (and cleared by a cancel). The controller owns
-the *actual* state: for each job at most one launch in flight (:class:`~pollux.cluster.launcher.Launch`)
-or one :class:`Group` of replica processes (one restart of the job) running on Ray. Every tick
-(``tick_s``) it reads the active jobs once, and compares, job by job:
+the *actual* state: for each job at most one launch in flight
+(:class:`~pollux.cluster.backends.launcher.Launch`) or one :class:`Group` of replica processes (one
+restart of the job) running on Ray. Every tick (``tick_s``) it reads the active jobs once, and
+compares, job by job:
 
 * no group and GPUs allocated → a launch begins: the actors are created on the allocated nodes
   (restart number = the job's restart count) and the tick moves on; later ticks poll rank 0's
@@ -38,9 +39,12 @@ and its node gets no new launch — it leaves the next round — until the backe
 ``node_hold_s`` passes: relaunching there before the backend notices the node is dead would fail
 again and count a second failure for one loss.
 
-Seams: any :class:`~pollux.cluster.backend_api.Backend`; injected ``clock`` (records) and
+Seams: any :class:`~pollux.cluster.backends.api.Backend`; injected ``clock`` (records) and
 ``monotonic`` (deadlines); every state change through ``JobStore.transition`` (with what it counts,
-one transaction); a job follows a new allocation through its kind's :class:`~pollux.cluster.runs.Runner`.
+one transaction); a job follows a new allocation through its kind's
+:class:`~pollux.cluster.control.runners.Runner`, which sees this loop only as a
+:class:`~pollux.cluster.control.runners.RunControl`. What a restarted service finds on the cluster
+is sorted out by :mod:`pollux.cluster.control.recovery`.
 """
 
 from __future__ import annotations
@@ -53,23 +57,21 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from pollux import contract as ct
-from pollux.cluster import gputypes as gt
-from pollux.cluster import launcher as lch
-from pollux.cluster import runs as rn
-from pollux.cluster.backend_api import Backend, NodeInfo, ReplicaHandle, parse_actor_name
-from pollux.cluster.launcher import Launch, LaunchError, replica_command
-from pollux.cluster.lifecycle import ACTIVE_STATES, SCHEDULED_STATES, JobState
-from pollux.cluster.runs import DEFAULT_KIND, ControllerConfig, Group, Runner, still_wanted
-from pollux.cluster.scheduler import Scheduler
-from pollux.cluster.store import JobRecord, JobStore
+from pollux import contract
+from pollux.cluster.backends import gputypes, launcher
+from pollux.cluster.backends.api import Backend, NodeInfo, ReplicaHandle
+from pollux.cluster.backends.launcher import Launch, LaunchError, replica_command
+from pollux.cluster.control.records import DEFAULT_KIND, ControllerConfig, Group, still_wanted
+from pollux.cluster.control.recovery import recover_runs
+from pollux.cluster.control.runners import Runner, default_runners
+from pollux.cluster.control.scheduler import Scheduler
+from pollux.cluster.state.lifecycle import ACTIVE_STATES, SCHEDULED_STATES, JobState
+from pollux.cluster.state.store import JobRecord, JobStore
 from pollux.policy.base import Cluster
 
 logger = logging.getLogger("pollux.cluster")
 
 __all__ = ["Controller", "ControllerConfig", "Group", "replica_command"]
-
-_S = JobState
 
 
 class Controller:
@@ -84,7 +86,7 @@ class Controller:
         self.config = config
         self.clock = clock
         self.monotonic = monotonic
-        self.runners: dict[str, Runner] = {**rn.default_runners(), **(runners or {})}
+        self.runners: dict[str, Runner] = {**default_runners(), **(runners or {})}
         self.groups: dict[str, Group] = {}
         self.launching: dict[str, Launch] = {}
         self.not_before: dict[str, float] = {}
@@ -96,7 +98,7 @@ class Controller:
         self.rounds = 0
         self.lock = threading.Lock()
         if config.run_as is not None:
-            lch.prepare_run_as(Path(config.state_dir), config.run_as)
+            launcher.prepare_run_as(Path(config.state_dir), config.run_as)
 
     # ------------------------------------------------------------------ nodes and rounds
 
@@ -113,7 +115,7 @@ class Controller:
         if lost:
             logger.warning("lost node(s) %s: their GPUs leave the next round", sorted(lost))
         self.nodes = nodes
-        cluster = gt.cluster_of(nodes)   # typed if the backend reports GPU types, else as before
+        cluster = gputypes.cluster_of(nodes)   # typed if the backend reports GPU types, else as before
         self.scheduler.set_cluster(cluster)
         return cluster
 
@@ -140,9 +142,9 @@ class Controller:
             job = self.store.get_job(jid)
             if job.terminal:
                 continue
-            start = bool(row) and job.state == _S.PENDING
-            job = self.store.transition(jid, _S.STARTING if start else None, reason="allocated", now=now,
-                                        allocation=row, expect=SCHEDULED_STATES)
+            start = bool(row) and job.state == JobState.PENDING
+            job = self.store.transition(jid, JobState.STARTING if start else None, reason="allocated",
+                                        now=now, allocation=row, expect=SCHEDULED_STATES)
             if job.terminal:   # cancelled meanwhile: nothing was written
                 continue
             logger.info("round %d: job %s -> %s", self.rounds, jid, row or "no GPUs")
@@ -159,6 +161,19 @@ class Controller:
         group.accounted = max(now, start)
         if now > start and not group.cleanup:
             self.store.add_service(group.job_id, (now - start) * sum(group.placement.values()))
+
+    # ------------------------------------------------------------------ what runners may ask (RunControl)
+
+    @property
+    def resize_timeout_s(self) -> float:
+        return self.config.resize_timeout_s
+
+    def mark_rescaling(self, job: JobRecord, now: float) -> None:
+        if job.state == JobState.RUNNING:
+            self.store.transition(job.id, JobState.RESCALING, reason="re-allocated", now=now)
+
+    def allocation_version(self, job_id: str) -> tuple[int, dict[str, int], int]:
+        return self.store.allocation_version(job_id)
 
     # ------------------------------------------------------------------ the tick
 
@@ -205,48 +220,51 @@ class Controller:
             return
         if not desired:
             if job.state in ACTIVE_STATES:
-                self.store.transition(job.id, _S.PENDING, reason="no GPUs allocated", now=now)
+                self.store.transition(job.id, JobState.PENDING, reason="no GPUs allocated", now=now)
             return
         if self.monotonic() >= self.not_before.get(job.id, 0.0):
             self._launch(job, desired, now)
 
     def runner(self, job: JobRecord) -> Runner:
-        """The runner of the job's kind (``restart`` or ``elastic``, :mod:`pollux.cluster.runs`)."""
+        """The runner of the job's kind (``restart`` or ``elastic``; see
+        :mod:`pollux.cluster.control.runners`)."""
         return self.runners.get(job.spec.kind) or self.runners[DEFAULT_KIND]
 
     def _grace(self, job: JobRecord) -> float:
-        return self.config.cancel_grace_s if job.state == _S.CANCELLED else self.config.stop_grace_s
+        return self.config.cancel_grace_s if job.state == JobState.CANCELLED else self.config.stop_grace_s
 
     # ------------------------------------------------------------------ launching
 
     def _launch(self, job: JobRecord, placement: dict[str, int], now: float) -> None:
         """Begin a launch: check it can be placed, create the actors, ask rank 0 for a rendezvous."""
         alive = {n.name: n for n in self.nodes if n.name not in self.held_nodes}
-        if not set(placement) <= set(alive) or gt.type_mismatch(placement, alive, self.scheduler.cluster):
+        moved = gputypes.type_mismatch(placement, alive, self.scheduler.cluster)
+        if not set(placement) <= set(alive) or moved:
             self.request_round()   # a node left, is held or changed GPU type: a round moves the job
             return
         restart = job.restarts
         spec = job.spec
-        base_env = {ct.ENV_JOB_ID: job.id, ct.ENV_RESTARTS: str(restart), "PYTHONUNBUFFERED": "1",
-                    ct.ENV_CHECKPOINT_DIR: str(self.config.checkpoint_dir / job.id)}
+        base_env = {contract.ENV_JOB_ID: job.id, contract.ENV_RESTARTS: str(restart), "PYTHONUNBUFFERED": "1",
+                    contract.ENV_CHECKPOINT_DIR: str(self.config.checkpoint_dir / job.id)}
         if self.config.scheduler_url:
-            base_env[ct.ENV_SCHEDULER_URL] = self.config.scheduler_url
-        base_env.update(lch.elastic_env(spec, getattr(self.backend, "address", None)))
+            base_env[contract.ENV_SCHEDULER_URL] = self.config.scheduler_url
+        base_env.update(launcher.elastic_env(spec, getattr(self.backend, "address", None)))
         try:
-            launches = lch.build_launches(spec, placement, command=replica_command(spec, self.config.python),
-                                          base_env=base_env, user=self.config.run_as, nodes=alive,
-                                          log_root=self.config.log_dir / job.id / f"restart-{restart}")
-            usage = lch.launch_usage(placement, launches)
-            reason = lch.never_fits(usage, alive)
+            launches = launcher.build_launches(spec, placement,
+                                               command=replica_command(spec, self.config.python),
+                                               base_env=base_env, user=self.config.run_as, nodes=alive,
+                                               log_root=self.config.log_dir / job.id / f"restart-{restart}")
+            usage = launcher.launch_usage(placement, launches)
+            reason = launcher.never_fits(usage, alive)
             if reason is not None:
                 raise LaunchError(reason)
         except LaunchError as exc:
             self._count_launch_failure(job, str(exc), now)
             return
         others = [g.usage for jid, g in self.groups.items() if jid != job.id]
-        others += [lch.launch_usage(x.placement, x.launches)
+        others += [launcher.launch_usage(x.placement, x.launches)
                    for jid, x in self.launching.items() if jid != job.id]
-        busy = lch.busy_reason(usage, others, alive)
+        busy = launcher.busy_reason(usage, others, alive)
         if busy is not None:
             if self._waiting.get(job.id) != busy:
                 logger.info("job %s: waiting to launch on %s (%s)", job.id, placement, busy)
@@ -255,10 +273,10 @@ class Controller:
         self._waiting.pop(job.id, None)
         handles: list[ReplicaHandle] = []
         try:
-            lch.prepare_checkpoint_dir(self.config.checkpoint_dir / job.id, self.config.run_as)
+            launcher.prepare_checkpoint_dir(self.config.checkpoint_dir / job.id, self.config.run_as)
             token = self.store.issue_token(job.id)   # a fresh token per run; the store keeps its hash
             for s in launches:
-                s.env[ct.ENV_JOB_TOKEN] = token
+                s.env[contract.ENV_JOB_TOKEN] = token
             handles = self.backend.create_actors(job.id, restart, launches, nodes=self.nodes)
             rendezvous = self.backend.rendezvous_async(handles[0])
         except Exception as exc:
@@ -269,7 +287,7 @@ class Controller:
                                         deadline=self.monotonic() + self.config.launch_timeout_s,
                                         rendezvous=rendezvous)
         logger.info("job %s: launching restart %d, %s replica(s) per node", job.id, restart,
-                    lch.replicas_of(s.node for s in launches))
+                    launcher.replicas_of(s.node for s in launches))
 
     def _advance_launches(self, active: dict[str, JobRecord], now: float) -> None:
         """Move every launch in flight one step, from answers already there (no waiting)."""
@@ -298,7 +316,7 @@ class Controller:
                                       f"{type(exc).__name__}: {exc}", now)
                     return
                 for s in x.launches:
-                    s.env.update({ct.ENV_MASTER_ADDR: str(addr), ct.ENV_MASTER_PORT: str(port)})
+                    s.env.update({contract.ENV_MASTER_ADDR: str(addr), contract.ENV_MASTER_PORT: str(port)})
                 x.starts = self.backend.start_async(x.handles, x.launches)
             elif mono > x.deadline:
                 self._drop_launch(x, job, f"replica 0 on {x.launches[0].node} was not placed within "
@@ -335,7 +353,7 @@ class Controller:
         group = Group(x.job_id, x.restart, dict(x.placement), x.handles, started=t,
                       futures=dict(zip([h.rank for h in x.handles], self.backend.exit_futures(x.handles),
                                        strict=True)),
-                      usage=lch.launch_usage(x.placement, x.launches))
+                      usage=launcher.launch_usage(x.placement, x.launches))
         self.groups[x.job_id] = group
         job = self.store.get_job(x.job_id)
         if not still_wanted(job, x.placement):
@@ -345,8 +363,9 @@ class Controller:
             if job.terminal:
                 self.request_stop(group, f"job {job.state}", self._grace(job))
             return
-        if job.state in (_S.STARTING, _S.RESCALING):
-            self.store.transition(x.job_id, _S.RUNNING, reason=f"restart {x.restart} on {x.placement}", now=t)
+        if job.state in (JobState.STARTING, JobState.RESCALING):
+            self.store.transition(x.job_id, JobState.RUNNING, reason=f"restart {x.restart} on {x.placement}",
+                                  now=t)
         logger.info("job %s: restart %d started, %d replica(s) on %s", x.job_id, x.restart, len(x.handles),
                     x.placement)
 
@@ -363,7 +382,7 @@ class Controller:
             group = Group(x.job_id, x.restart, dict(x.placement), started, started=self.clock(), cleanup=True,
                           futures=dict(zip([h.rank for h in started], self.backend.exit_futures(started),
                                            strict=True)),
-                          usage=lch.launch_usage(x.placement, x.launches))
+                          usage=launcher.launch_usage(x.placement, x.launches))
             self.groups[x.job_id] = group
             for h in started:
                 self.store.record_replica(x.job_id, x.restart, h.rank, h.node, h.pid,
@@ -389,15 +408,16 @@ class Controller:
         failures = job.failures + 1   # the controller is the only writer of failures
         reason = f"launch of restart {job.restarts} failed: {reason}"
         if failures > self.config.max_retries:
-            self.store.transition(job.id, _S.FAILED, now=now, failure=True, restart=restart,
+            self.store.transition(job.id, JobState.FAILED, now=now, failure=True, restart=restart,
                                   reason=f"{reason} (failure {failures}, retries exhausted)",
                                   expect=SCHEDULED_STATES)
             logger.error("job %s: failed: %s", job.id, reason)
         else:
-            delay = lch.backoff_s(failures, self.config.retry_backoff_s, self.config.max_backoff_s)
+            delay = launcher.backoff_s(failures, self.config.retry_backoff_s, self.config.max_backoff_s)
             self.not_before[job.id] = self.monotonic() + delay
-            self.store.transition(job.id, None if job.state == _S.PENDING else _S.PENDING, reason=reason,
-                                  now=now, failure=True, restart=restart, expect=SCHEDULED_STATES)
+            state = None if job.state == JobState.PENDING else JobState.PENDING
+            self.store.transition(job.id, state, reason=reason, now=now, failure=True, restart=restart,
+                                  expect=SCHEDULED_STATES)
             logger.warning("job %s: %s; retrying in %.0f s (failure %d of at most %d)", job.id, reason, delay,
                            failures, self.config.max_retries)
         self.request_round()
@@ -454,13 +474,13 @@ class Controller:
         if not running and not failed:
             self.account(group, now)
             self._end(group)
-            self.store.transition(job.id, _S.SUCCEEDED, reason="all replicas exited 0", now=now)
+            self.store.transition(job.id, JobState.SUCCEEDED, reason="all replicas exited 0", now=now)
             logger.info("job %s: succeeded", job.id)
             self.request_round()
             return
         if failed:
             rank, code = min(failed.items())
-            if code == ct.PREEMPTED_EXIT_CODE:
+            if code == contract.PREEMPTED_EXIT_CODE:
                 self.request_stop(group, f"replica {rank} preempted itself (exit {code})")
                 return
             failures = job.failures + 1   # the controller is the only writer of failures
@@ -469,12 +489,12 @@ class Controller:
             if failures > self.config.max_retries:
                 self.request_stop(group, reason, self.config.cancel_grace_s)
                 group.stop_reason = "failed: " + reason
-                self.store.transition(job.id, _S.FAILED, reason=f"{reason} (failure {failures}, "
+                self.store.transition(job.id, JobState.FAILED, reason=f"{reason} (failure {failures}, "
                                       f"retries exhausted)", now=now, failure=True, expect=SCHEDULED_STATES)
                 logger.error("job %s: failed: %s", job.id, reason)
             else:
                 self.store.transition(job.id, None, failure=True, expect=SCHEDULED_STATES)
-                delay = lch.backoff_s(failures, self.config.retry_backoff_s, self.config.max_backoff_s)
+                delay = launcher.backoff_s(failures, self.config.retry_backoff_s, self.config.max_backoff_s)
                 self.not_before[job.id] = self.monotonic() + delay
                 logger.warning("job %s: %s; restarting from the last checkpoint in %.0f s (failure %d of at "
                                "most %d)", job.id, reason, delay, failures, self.config.max_retries)
@@ -487,9 +507,9 @@ class Controller:
         job = self.store.get_job(job.id)
         if job.terminal:
             return
-        to_pending = not job.allocation and job.state in (_S.RUNNING, _S.RESCALING)
-        self.store.transition(job.id, _S.PENDING if to_pending else None, reason=group.stop_reason, now=now,
-                              restart=True, expect=SCHEDULED_STATES)
+        to_pending = not job.allocation and job.state in (JobState.RUNNING, JobState.RESCALING)
+        self.store.transition(job.id, JobState.PENDING if to_pending else None, reason=group.stop_reason,
+                              now=now, restart=True, expect=SCHEDULED_STATES)
         self.request_round()
 
     def _end(self, group: Group) -> None:
@@ -501,65 +521,12 @@ class Controller:
     def recover(self) -> dict[str, int]:
         """After a (re)start: adopt the live replicas of active jobs, stop orphans. Returns counts."""
         self.refresh_nodes()
-        names = set(self.backend.actor_names())
-        adopted = 0
-        keep: set[str] = set()
-        for job in self.store.list_jobs(ACTIVE_STATES):
-            reps = [r for r in self.store.replicas(job.id, job.restarts)]
-            if not reps:
-                continue
-            live = self.backend.find(job.id, job.restarts, [r.rank for r in reps], [r.node for r in reps])
-            if len(live) == len(reps):
-                for h, r in zip(live, reps, strict=True):
-                    h.pid = r.pid
-                # The previous life of the service accounted this run's GPU time up to some point
-                # before it died; count from now rather than twice.
-                nodes = [r.node for r in reps]
-                placement = rn.adopted_placement(job, nodes, self.store)
-                group = Group(job.id, job.restarts, placement, live,
-                              started=min(r.start_time for r in reps), accounted=self.clock(),
-                              usage=lch.usage_of(placement, [(n, job.spec.resources) for n in nodes]))
-                for r in reps:
-                    if r.exit_code is not None:
-                        group.exits[r.rank] = int(r.exit_code)
-                running = [h for h in live if h.rank not in group.exits]
-                group.futures = dict(zip([h.rank for h in running], self.backend.exit_futures(running),
-                                         strict=True))
-                self.groups[job.id] = group
-                keep |= {f"{job.id}/{job.restarts}/{r.rank}" for r in reps}
-                adopted += 1
-                if job.state == _S.RESCALING:
-                    self.request_stop(group, "re-allocated")
-                logger.info("job %s: adopted restart %d (%d replica(s))", job.id, job.restarts, len(live))
-            else:
-                # Part of the run is gone: stop the rest; the job restarts from its checkpoint.
-                self.backend.signal(live, signal.SIGKILL, timeout_s=5.0)   # their trees, then the actors
-                self.backend.release(live)
-                for r in reps:
-                    if r.exit_code is None:
-                        self.store.set_replica_exit(job.id, r.restart, r.rank, -int(signal.SIGKILL),
-                                                    now=self.clock())
-                self.store.transition(job.id, None, restart=True)
-                logger.warning("job %s: restart %d lost %d of %d replica(s) while the service was down",
-                               job.id, job.restarts, len(reps) - len(live), len(reps))
-        orphans = sorted(names - keep)
-        for name in orphans:
-            logger.warning("stopping orphaned replica actor %s", name)
-        self.backend.kill_by_names(orphans)
-        active = {j.id: j.restarts for j in self.store.list_jobs(ACTIVE_STATES)}
-        for job_id in {p[0] for p in map(parse_actor_name, orphans) if p and active.get(p[0]) == p[1]}:
-            # a launch cut short: the next one gets fresh actor names
-            self.store.transition(job_id, None, restart=True)
-        for name in orphans:
-            parsed = parse_actor_name(name)
-            if parsed is not None:
-                try:
-                    self.store.set_replica_exit(parsed[0], parsed[1], parsed[2], -int(signal.SIGTERM),
-                                                now=self.clock())
-                except KeyError:
-                    pass
+        recovered = recover_runs(self.store, self.backend, self.clock)
+        self.groups.update(recovered.groups)
+        for job_id in recovered.rescaling:
+            self.request_stop(self.groups[job_id], "re-allocated")
         self.request_round()
-        return {"adopted": adopted, "orphans": len(orphans)}
+        return {"adopted": len(recovered.groups), "orphans": recovered.orphans}
 
     def shutdown(self, grace_s: float | None = None) -> None:
         """Preempt every running job (SIGTERM, checkpoint, exit) and leave it pending for the next start."""
@@ -585,7 +552,7 @@ class Controller:
             for jid in list(self.groups):
                 self._end(self.groups[jid])
             for job in self.store.list_jobs(ACTIVE_STATES):
-                self.store.transition(job.id, _S.PENDING, reason="service stopped", now=self.clock(),
+                self.store.transition(job.id, JobState.PENDING, reason="service stopped", now=self.clock(),
                                       expect=ACTIVE_STATES)
 
     def run(self, stop: threading.Event) -> None:

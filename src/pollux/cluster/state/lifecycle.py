@@ -1,7 +1,7 @@
 """The job lifecycle of the live service in one place: the states, the legal moves, what each does.
 
-Both writers of a job's state go through here — the control loop (:mod:`pollux.cluster.controller`)
-and the REST API's cancel — by way of :meth:`pollux.cluster.store.JobStore.transition`, which checks
+Both writers of a job's state go through here — the control loop (:mod:`pollux.cluster.control.controller`)
+and the REST API's cancel — by way of :meth:`pollux.cluster.state.store.JobStore.transition`, which checks
 the move with :func:`check_transition` and applies its :class:`Effects` in the same transaction as
 any counter that goes with it (a failure, a restart), so a crash never leaves a failure counted
 without its transition or the reverse.

@@ -5,17 +5,17 @@ Every operation commits before it returns, so a service restart loses nothing, a
 in WAL mode with foreign keys on; one :class:`JobStore` holds one connection, guarded by a lock, so
 it may be shared among threads.
 
-The schema is versioned (:mod:`pollux.cluster.schema`): opening an older database migrates it, each
+The schema is versioned (:mod:`pollux.cluster.state.schema`): opening an older database migrates it, each
 version's steps inside one transaction; opening one newer than this code knows raises
 :class:`SchemaVersionError`. Job tokens are stored only as hashes (:func:`hash_token`): the plain
 token exists on the record :meth:`JobStore.submit` returns and in :meth:`JobStore.issue_token`'s
 answer, never in the file. A job spec is validated strictly when submitted and read back leniently
 (:meth:`JobSpec.from_stored`), so that one bad row never breaks reading the others.
 
-The job lifecycle (states, legal moves and what each does) is :mod:`pollux.cluster.lifecycle`;
+The job lifecycle (states, legal moves and what each does) is :mod:`pollux.cluster.state.lifecycle`;
 :meth:`JobStore.transition` applies a move, with the failure or restart it counts, in one
 transaction, and records it in the ``transitions`` table. The records live in
-:mod:`pollux.cluster.records`.
+:mod:`pollux.cluster.state.records`.
 """
 
 from __future__ import annotations
@@ -24,7 +24,6 @@ import dataclasses
 import json
 import logging
 import math
-import re
 import secrets
 import sqlite3
 import threading
@@ -33,8 +32,14 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from pollux.cluster.lifecycle import ACTIVE_STATES, JOB_STATES, TERMINAL_STATES, check_transition, effects
-from pollux.cluster.records import (
+from pollux.cluster.state.lifecycle import (
+    ACTIVE_STATES,
+    JOB_STATES,
+    TERMINAL_STATES,
+    check_transition,
+    effects,
+)
+from pollux.cluster.state.records import (
     AllocationRecord,
     JobRecord,
     ReplicaRecord,
@@ -42,8 +47,8 @@ from pollux.cluster.records import (
     TransitionRecord,
     UnknownJobError,
 )
-from pollux.cluster.schema import MIGRATIONS, SCHEMA_VERSION, SchemaVersionError, hash_token
-from pollux.cluster.spec import JobSpec, SpecError, validate_name
+from pollux.cluster.state.schema import MIGRATIONS, SCHEMA_VERSION, SchemaVersionError, hash_token
+from pollux.cluster.state.spec import JobSpec, SpecError, is_job_id, validate_name
 from pollux.hints import merge_type_profiles, validate_hints
 from pollux.policy.base import PolicyState
 
@@ -77,7 +82,6 @@ def _now(now: float | None) -> float:
 
 
 #: What an explicit ``job_id`` may be (it appears in URLs, file names and Ray actor names).
-_JOB_ID = re.compile(r"[A-Za-z0-9._-]{1,128}")
 
 
 def _stored_allocation(text: str) -> dict[str, int]:
@@ -212,7 +216,7 @@ class JobStore:
         spec = JobSpec.from_dict(spec.to_dict() if isinstance(spec, JobSpec) else spec)
         if name is not None:
             name = validate_name(name)
-        if job_id is not None and (not isinstance(job_id, str) or not _JOB_ID.fullmatch(job_id)):
+        if job_id is not None and (not isinstance(job_id, str) or not is_job_id(job_id)):
             raise ValueError(f"job_id: expected 1-128 letters, digits, '.', '_' or '-', got {job_id!r:.80}")
         token = secrets.token_urlsafe(32)
         t = _now(now)
@@ -322,7 +326,7 @@ class JobStore:
         """Move a job to ``new_state`` (None: stay), counting a ``failure`` and/or a ``restart`` of
         it in the same transaction; returns the job after.
 
-        The move is checked by :func:`pollux.cluster.lifecycle.check_transition` (ValueError naming
+        The move is checked by :func:`pollux.cluster.state.lifecycle.check_transition` (ValueError naming
         from/to for an illegal one) and its effects applied: start time on first running, end time
         and (for failed) the reason on a terminal state, the allocation cleared on pending or a
         terminal state. ``allocation`` (after the move) replaces the job's allocation and is appended

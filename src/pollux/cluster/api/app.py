@@ -1,6 +1,6 @@
 """The REST API of the live scheduler service (SPEC §9), built with FastAPI.
 
-:func:`create_app` returns an application over a :class:`~pollux.cluster.store.JobStore`. Every
+:func:`create_app` returns an application over a :class:`~pollux.cluster.state.store.JobStore`. Every
 endpoint but ``GET /v1/health`` and ``GET /metrics`` needs ``Authorization: Bearer <token>``. Answers
 and their status codes (every route also answers 422 to a query parameter it does not take):
 
@@ -43,13 +43,13 @@ token gives 401, an unknown job 404. The framework's own validation errors (a qu
 wrong type or out of range) have the same shape.
 
 Request bodies are parsed here rather than by the framework, within the limits of
-:mod:`pollux.cluster.limits` (size, nesting depth, lone surrogates), so that each error names the
+:mod:`pollux.cluster.api.limits` (size, nesting depth, lone surrogates), so that each error names the
 field, and non-finite numbers (``NaN``, ``Infinity``, which Python's parser accepts) are rejected with
 422 naming where they are. A submitted spec is validated in full before anything is stored: its
 format and ranges (:meth:`JobSpec.from_dict`), its files as the service sees them
 (:meth:`JobSpec.check_files`) and whether the cluster could ever run it
 (:meth:`JobSpec.check_feasible`). The OpenAPI document (``GET /openapi.json``,
-:mod:`pollux.cluster.api_schema`) describes every body, answer and error.
+:mod:`pollux.cluster.api.schema`) describes every body, answer and error.
 
 Answers are rendered so that no stored value can make one fail: text that cannot be encoded as UTF-8
 (a lone surrogate from an older database) is replaced, a non-finite number becomes ``null``; one odd
@@ -79,12 +79,12 @@ from prometheus_client.registry import Collector
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from pollux.cluster import api_schema as doc
-from pollux.cluster.gputypes import job_gpu_types
-from pollux.cluster.lifecycle import JobState
-from pollux.cluster.limits import MAX_QUERY_INT, RequestError, find_nonfinite, read_json_body
-from pollux.cluster.spec import JobSpec, SpecError, validate_name
-from pollux.cluster.store import (
+from pollux.cluster.api import schema
+from pollux.cluster.api.limits import MAX_QUERY_INT, RequestError, find_nonfinite, read_json_body
+from pollux.cluster.backends.gputypes import job_gpu_types
+from pollux.cluster.state.lifecycle import JobState
+from pollux.cluster.state.spec import JobSpec, SpecError, is_job_id, validate_name
+from pollux.cluster.state.store import (
     JOB_STATES,
     TERMINAL_STATES,
     JobRecord,
@@ -100,7 +100,6 @@ __all__ = ["SafeJSONResponse", "create_app"]
 
 _log = logging.getLogger(__name__)
 
-_JOB_ID = re.compile(doc.JOB_ID_PATTERN)
 _SURROGATE = re.compile("[\ud800-\udfff]")
 _StateName = Literal[JOB_STATES]  # type: ignore[valid-type]
 #: ``?state=`` (repeatable): the states of the jobs to list.
@@ -332,7 +331,7 @@ def create_app(store: JobStore, admin_token: str, *, log_dir: Path | None = None
         token = _bearer(request)
         if _same(token, admin_token):
             return
-        if _JOB_ID.fullmatch(job_id) and store.token_matches(job_id, token):
+        if is_job_id(job_id) and store.token_matches(job_id, token):
             return
         if store.job_of_token(token) is not None:
             raise HTTPException(403, "this token may only be used for its own job")
@@ -353,7 +352,7 @@ def create_app(store: JobStore, admin_token: str, *, log_dir: Path | None = None
     admin = Depends(require_admin)
 
     def get_job(job_id: str) -> JobRecord:
-        if not _JOB_ID.fullmatch(job_id):  # never stored; not worth a look-up (nor a bad bind)
+        if not is_job_id(job_id):  # never stored; not worth a look-up (nor a bad bind)
             raise HTTPException(404, f"unknown job {job_id[:80]!r}")
         return store.get_job(job_id)  # UnknownJobError → 404
 
@@ -382,7 +381,7 @@ def create_app(store: JobStore, admin_token: str, *, log_dir: Path | None = None
     # -- routes
 
     @app.get("/v1/health", summary="Liveness check (no auth)", response_model=None,
-             dependencies=[only_query()], responses=doc.responses(200, "Health", 422))
+             dependencies=[only_query()], responses=schema.responses(200, "Health", 422))
     async def health() -> SafeJSONResponse:
         return SafeJSONResponse({"status": "ok"})
 
@@ -411,8 +410,8 @@ def create_app(store: JobStore, admin_token: str, *, log_dir: Path | None = None
 
     @app.post("/v1/jobs", status_code=201, dependencies=[admin, only_query()], response_model=None,
               summary="Submit a job (admin); returns it with its token",
-              responses=doc.responses(201, "SubmittedJob", 401, 413, 422, ok_text="Submitted"),
-              openapi_extra={**doc.BEARER, **doc.request_body("SubmitRequest", "The job to run.")})
+              responses=schema.responses(201, "SubmittedJob", 401, 413, 422, ok_text="Submitted"),
+              openapi_extra={**schema.BEARER, **schema.request_body("SubmitRequest", "The job to run.")})
     async def submit(request: Request) -> SafeJSONResponse:
         body = await read_json_body(request)
         job = await run_in_threadpool(submit_checked, body)
@@ -422,14 +421,14 @@ def create_app(store: JobStore, admin_token: str, *, log_dir: Path | None = None
 
     @app.get("/v1/jobs", dependencies=[admin, only_query("state")], response_model=None,
              summary="List jobs (admin), optionally only those in the given states",
-             responses=doc.responses(200, "JobList", 401, 422), openapi_extra=doc.BEARER)
+             responses=schema.responses(200, "JobList", 401, 422), openapi_extra=schema.BEARER)
     def list_jobs(state: _StatesQuery = None) -> SafeJSONResponse:  # type: ignore[assignment]
         known = types()
         return SafeJSONResponse([_job_dict(j, types=known) for j in store.list_jobs(state or None)])
 
     @app.get("/v1/jobs/{job_id}", dependencies=[admin, only_query()], response_model=None,
              summary="Describe a job (admin)",
-             responses=doc.responses(200, "JobDetail", 401, 404, 422), openapi_extra=doc.BEARER)
+             responses=schema.responses(200, "JobDetail", 401, 404, 422), openapi_extra=schema.BEARER)
     def describe(job_id: str) -> SafeJSONResponse:
         known = types()
         out = _job_dict(get_job(job_id), types=known)
@@ -445,7 +444,7 @@ def create_app(store: JobStore, admin_token: str, *, log_dir: Path | None = None
 
     @app.post("/v1/jobs/{job_id}/cancel", dependencies=[admin, only_query()], response_model=None,
               summary="Cancel a job (admin); 409 if already terminal",
-              responses=doc.responses(200, "Job", 401, 404, 409, 422), openapi_extra=doc.BEARER)
+              responses=schema.responses(200, "Job", 401, 404, 409, 422), openapi_extra=schema.BEARER)
     def cancel(job_id: str) -> SafeJSONResponse:
         job = get_job(job_id)
         if job.state in TERMINAL_STATES:
@@ -460,7 +459,7 @@ def create_app(store: JobStore, admin_token: str, *, log_dir: Path | None = None
 
     @app.get("/v1/cluster", dependencies=[admin, only_query()], response_model=None,
              summary="The cluster as the service sees it (admin): nodes, policy, rounds",
-             responses=doc.responses(200, "Cluster", 401, 404, 422), openapi_extra=doc.BEARER)
+             responses=schema.responses(200, "Cluster", 401, 404, 422), openapi_extra=schema.BEARER)
     def cluster() -> SafeJSONResponse:
         if cluster_info is None:
             raise HTTPException(404, "this service has no cluster backend")
@@ -469,7 +468,7 @@ def create_app(store: JobStore, admin_token: str, *, log_dir: Path | None = None
     @app.get("/v1/jobs/{job_id}/logs", dependencies=[admin, only_query("restart", "rank")],
              response_class=PlainTextResponse,
              response_model=None, summary="The job's replica logs (admin), as text",
-             responses=doc.responses(200, None, 401, 404, 422, text=True), openapi_extra=doc.BEARER)
+             responses=schema.responses(200, None, 401, 404, 422, text=True), openapi_extra=schema.BEARER)
     def logs(job_id: str, restart: _IndexQuery = None,  # type: ignore[assignment]
              rank: _IndexQuery = None) -> StreamingResponse:  # type: ignore[assignment]
         get_job(job_id)
@@ -495,8 +494,8 @@ def create_app(store: JobStore, admin_token: str, *, log_dir: Path | None = None
     @app.put("/v1/jobs/{job_id}/hints", response_model=None,
              dependencies=[Depends(require_hints_token), only_query()],
              summary="Report a running job's hints (admin or the job's own token)",
-             responses=doc.responses(200, "Hints", 401, 403, 404, 413, 422, ok_text="The hints as stored"),
-             openapi_extra={**doc.BEARER, **doc.request_body("Hints", "The job's hints (SPEC §8).")})
+             responses=schema.responses(200, "Hints", 401, 403, 404, 413, 422, ok_text="The hints as stored"),
+             openapi_extra={**schema.BEARER, **schema.request_body("Hints", "The job's hints (SPEC §8).")})
     async def put_hints(request: Request, job_id: str) -> SafeJSONResponse:
         await run_in_threadpool(get_job, job_id)
         body = await read_json_body(request)
@@ -507,7 +506,7 @@ def create_app(store: JobStore, admin_token: str, *, log_dir: Path | None = None
     @app.get("/v1/jobs/{job_id}/allocation", response_model=None,
              dependencies=[Depends(require_hints_token), only_query()],
              summary="An elastic job's current allocation and the version it applied (admin or its token)",
-             responses=doc.responses(200, "Allocation", 401, 403, 404, 422), openapi_extra=doc.BEARER)
+             responses=schema.responses(200, "Allocation", 401, 403, 404, 422), openapi_extra=schema.BEARER)
     def get_allocation(job_id: str) -> SafeJSONResponse:
         job = get_job(job_id)
         version, allocation, applied = store.allocation_version(job_id)
@@ -528,10 +527,10 @@ def create_app(store: JobStore, admin_token: str, *, log_dir: Path | None = None
     @app.put("/v1/jobs/{job_id}/allocation", response_model=None,
              dependencies=[Depends(require_hints_token), only_query()],
              summary="An elastic job says it applied an allocation version in place (admin or its token)",
-             responses=doc.responses(200, "Allocation", 401, 403, 404, 413, 422,
+             responses=schema.responses(200, "Allocation", 401, 403, 404, 413, 422,
                                      ok_text="The allocation after the acknowledgement (applied < version: "
                                              "a newer round overtook the version acknowledged)"),
-             openapi_extra={**doc.BEARER, **doc.request_body("AllocationAck", "The version applied.")})
+             openapi_extra={**schema.BEARER, **schema.request_body("AllocationAck", "The version applied.")})
     async def put_allocation(request: Request, job_id: str) -> SafeJSONResponse:
         await run_in_threadpool(get_job, job_id)
         body = await read_json_body(request)
@@ -540,9 +539,9 @@ def create_app(store: JobStore, admin_token: str, *, log_dir: Path | None = None
 
     @app.get("/metrics", response_class=PlainTextResponse, response_model=None,
              summary="Prometheus metrics (no auth: counts only)", dependencies=[only_query()],
-             responses=doc.responses(200, None, 422, text=True))
+             responses=schema.responses(200, None, 422, text=True))
     def prometheus() -> PlainTextResponse:
         return metrics.exposition()
 
-    doc.install(app)
+    schema.install(app)
     return app

@@ -2,21 +2,22 @@
 
 A Ray cluster dies with the process that owns it, so the embedded cluster is owned by this small
 process and not by the service: a crash of the service leaves the cluster and the running replicas
-alone. ``python -m pollux.cluster.rayhost --info FILE --nodes N --gpus-per-node G`` starts N virtual
-nodes on 127.0.0.1 (``ray.cluster_utils.Cluster``; the first is the head), each declaring G GPU slots
-and a resource ``pollux-node-node-<i>`` that names it, writes ``{"address", "pid", "nodes",
-"gpus_per_node"}`` to FILE (atomically) once every node is up, and then waits. With ``--cluster
-t4:2x2,a100:1x2`` (:func:`pollux.policy.clusterspec.parse_cluster`) it starts typed nodes instead:
-``t4-0``, ``t4-1`` and ``a100-0`` here, each also declaring ``pollux_gpu_type_<type>`` = its GPU
-slots (:mod:`pollux.cluster.gputypes`), and FILE also holds ``"cluster"``, the string. SIGTERM or SIGINT shut
-the cluster down (every actor and replica process on it with it) and remove FILE. SIGUSR1 removes
-a worker node, as if that machine were lost (for tests of node loss; the head stays).
+alone. ``python -m pollux.cluster.backends.rayhost --info FILE --nodes N --gpus-per-node G`` starts
+N virtual nodes on 127.0.0.1 (``ray.cluster_utils.Cluster``; the first is the head), each declaring
+G GPU slots and a resource ``pollux-node-node-<i>`` that names it, writes ``{"address", "pid",
+"nodes", "gpus_per_node"}`` to FILE (atomically) once every node is up, and then waits. With
+``--cluster t4:2x2,a100:1x2`` (:func:`pollux.policy.clusterspec.parse_cluster`) it starts typed
+nodes instead: ``t4-0``, ``t4-1`` and ``a100-0`` here, each also declaring
+``pollux_gpu_type_<type>`` = its GPU slots (:mod:`pollux.cluster.backends.gputypes`), and FILE also
+holds ``"cluster"``, the string. SIGTERM or SIGINT shut the cluster down (every actor and replica
+process on it with it) and remove FILE. SIGUSR1 removes a worker node, as if that machine were lost
+(for tests of node loss; the head stays).
 
-``python -m pollux.cluster.rayhost --probe ADDRESS`` asks the GCS of a running cluster for its nodes
-and prints ``{"nodes": N, "alive": M}`` (exit 0), or the error (exit 1): the health check of
-``pollux server status``, run in a process of its own so that a GCS that does not answer cannot hang
-the caller, and so that the caller's process never holds a Ray client of another cluster. Both modes
-use Ray's token authentication when the environment enables it (``RAY_AUTH_MODE=token``,
+``python -m pollux.cluster.backends.rayhost --probe ADDRESS`` asks the GCS of a running cluster for
+its nodes and prints ``{"nodes": N, "alive": M}`` (exit 0), or the error (exit 1): the health check
+of ``pollux server status``, run in a process of its own so that a GCS that does not answer cannot
+hang the caller, and so that the caller's process never holds a Ray client of another cluster. Both
+modes use Ray's token authentication when the environment enables it (``RAY_AUTH_MODE=token``,
 ``RAY_AUTH_TOKEN_PATH``), as :mod:`pollux.cluster.server` does for the embedded cluster.
 """
 
@@ -33,9 +34,10 @@ import threading
 import time
 from pathlib import Path
 
-from pollux.cluster.backend import NODE_RESOURCE_PREFIX, ray_env
-from pollux.cluster.gputypes import TYPE_RESOURCE_PREFIX
+from pollux.cluster.backends.gputypes import TYPE_RESOURCE_PREFIX
+from pollux.cluster.backends.ray_backend import NODE_RESOURCE_PREFIX
 from pollux.policy.clusterspec import parse_cluster
+from pollux.raylink import LOOPBACK_ENV
 
 #: Object store per virtual node: the service moves no data through Ray, so keep it small.
 OBJECT_STORE_BYTES = 80 * 1024 * 1024
@@ -66,15 +68,15 @@ def probe(address: str, env: dict[str, str] | None = None, timeout_s: float = 20
     """Health of the Ray cluster at ``address``: ``{"healthy": bool, "error"?: str, "nodes"?: int}``.
 
     A refused connection is answered at once; otherwise the GCS is asked for its nodes by
-    ``python -m pollux.cluster.rayhost --probe`` in a child process with ``env`` (the embedded
+    ``python -m pollux.cluster.backends.rayhost --probe`` in a child process with ``env`` (the embedded
     cluster's token), killed after ``timeout_s``.
     """
     problem = gcs_listening(address)
     if problem:
         return {"healthy": False, "error": problem}
     try:
-        out = subprocess.run([sys.executable, "-m", "pollux.cluster.rayhost", "--probe", address],
-                             env={**os.environ, **ray_env(), **(env or {})}, capture_output=True,
+        out = subprocess.run([sys.executable, "-m", "pollux.cluster.backends.rayhost", "--probe", address],
+                             env={**os.environ, **LOOPBACK_ENV, **(env or {})}, capture_output=True,
                              text=True, timeout=timeout_s)
     except subprocess.TimeoutExpired:
         return {"healthy": False, "error": f"the Ray GCS at {address} did not answer within {timeout_s:g} s"}
@@ -92,7 +94,7 @@ def probe(address: str, env: dict[str, str] | None = None, timeout_s: float = 20
 
 
 def _probe_main(address: str, timeout_s: float = 5.0) -> int:
-    os.environ.update(ray_env())
+    os.environ.update(LOOPBACK_ENV)
     try:
         from ray._raylet import GcsClient  # type: ignore[attr-defined]  # no stubs for Ray's internals
 
@@ -125,7 +127,7 @@ def node_args(name: str, gpus: int, gpu_type: str | None) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m pollux.cluster.rayhost", description=__doc__,
+    p = argparse.ArgumentParser(prog="python -m pollux.cluster.backends.rayhost", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--info", type=Path, help="where to write the cluster's address (JSON)")
     p.add_argument("--nodes", type=int, default=4)
@@ -144,7 +146,7 @@ def main(argv: list[str] | None = None) -> int:
         specs = node_specs(args.nodes, args.gpus_per_node, args.cluster)
     except ValueError as exc:
         p.error(str(exc))
-    os.environ.update(ray_env())
+    os.environ.update(LOOPBACK_ENV)
     from ray.cluster_utils import Cluster
 
     stop = threading.Event()

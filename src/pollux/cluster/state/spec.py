@@ -43,6 +43,7 @@ from typing import Any
 from pollux.contract import BALANCE_MODES, JOB_KINDS
 
 __all__ = [
+    "JOB_ID_PATTERN",
     "MAX_ARGS",
     "MAX_ARGS_TOTAL_CHARS",
     "MAX_ARG_CHARS",
@@ -57,6 +58,7 @@ __all__ = [
     "MIN_RESOURCE_AMOUNT",
     "JobSpec",
     "SpecError",
+    "is_job_id",
     "validate_name",
 ]
 
@@ -87,6 +89,9 @@ MAX_RESOURCE_AMOUNT = float(2**53)
 
 #: Characters refused in paths, names and resource names: C0 and C1 controls, DEL, line and
 #: paragraph separators, bidirectional embeddings/overrides/isolates, lone surrogates.
+#: What a job id may be: it names folders, Ray actors and URL path segments.
+JOB_ID_PATTERN = r"[A-Za-z0-9._-]{1,128}"
+_JOB_ID = re.compile(JOB_ID_PATTERN)
 _UNPRINTABLE = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069\ud800-\udfff]")
 #: Characters refused in arguments: NUL and lone surrogates.
 _ARG_BAD = re.compile("[\x00\ud800-\udfff]")
@@ -145,6 +150,12 @@ def _text(value: Any, where: str, *, max_chars: int, pattern: re.Pattern[str] = 
     if problem is not None:
         raise SpecError(where, problem)
     return value
+
+
+def is_job_id(value: str) -> bool:
+    """Whether ``value`` may be a job id (:data:`JOB_ID_PATTERN`): the store refuses any other, and
+    the API answers any other with 404 without a look-up."""
+    return _JOB_ID.fullmatch(value) is not None
 
 
 def validate_name(name: Any) -> str:
