@@ -74,7 +74,6 @@ def bench_reallocation(moves: int, timeout_s: float) -> dict:
     from pollux.cluster.control.controller import Controller, ControllerConfig
     from pollux.cluster.control.scheduler import Scheduler
     from pollux.cluster.state.store import JobStore
-    from pollux.policy.base import Cluster
 
     tmp = Path(tempfile.mkdtemp(prefix="pollux-bench-"))
     host = None
@@ -87,7 +86,7 @@ def bench_reallocation(moves: int, timeout_s: float) -> dict:
         log(f"embedded Ray cluster up in {time.perf_counter() - t:.1f} s at {address}")
         store = JobStore(tmp / "jobs.db")
         backend = RayBackend(address)
-        scheduler = Scheduler(store, Cluster((), ()), policy_name="pollux", interval_s=1e9)
+        scheduler = Scheduler(store, policy_name="pollux", interval_s=1e9)
         config = ControllerConfig(state_dir=tmp, interval_s=1e9, tick_s=0.2, stop_grace_s=60.0)
         controller = Controller(store, backend, scheduler, config)
         controller.recover()
@@ -165,16 +164,15 @@ def bench_round(num_jobs: int, rounds: int, seed: int) -> dict:
                     "init_batch_size": m0, "max_batch_size": m0 * 32, "local_bsz_bounds": [8, m0 * 4],
                     "accumulation": True, "max_replicas_seen": int(rng.integers(1, 9)),
                     "progress": 10.0, "epoch": 1})
-        sched = Scheduler(store, Cluster.uniform(16, 4), policy_name="pollux", seed=seed)
+        sched = Scheduler(store, policy_name="pollux", seed=seed)
+        cluster = Cluster.uniform(16, 4)
         times = []
         for r in range(rounds):
             now = float(num_jobs + 60 * r)
             t = time.perf_counter()
-            result = sched.run_round(now)
-            for jid, row in result.changed.items():     # what Controller.run_round writes after a round
-                start = bool(row) and store.get_job(jid).state == "pending"
-                store.transition(jid, "starting" if start else None, reason="allocated", now=now,
-                                 allocation=row)
+            result = sched.decide(now, cluster)
+            # what Controller.run_round writes after a round
+            store.apply_round(result.policy, result.policy_state, result.changed, now=now)
             times.append(time.perf_counter() - t)
         store.close()
     return {"jobs": num_jobs, "cluster": "16 nodes x 4 GPUs", "rounds": rounds,

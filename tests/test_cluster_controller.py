@@ -27,7 +27,6 @@ from pollux.cluster.backends.ray_backend import RayBackend
 from pollux.cluster.control.controller import Controller, ControllerConfig
 from pollux.cluster.control.scheduler import Scheduler
 from pollux.cluster.state.store import JobStore
-from pollux.policy.base import Cluster
 
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("ray") is None, reason="needs ray")
 
@@ -68,7 +67,7 @@ class Harness:
         state.mkdir(parents=True, exist_ok=True)
         self.store = JobStore(state / "jobs.db")
         self.config = ControllerConfig(state_dir=state, interval_s=3600.0, tick_s=0.1, **config)
-        self.controller = Controller(self.store, backend, Scheduler(self.store, Cluster((), ())), self.config)
+        self.controller = Controller(self.store, backend, Scheduler(self.store), self.config)
         self.controller.run_round = self._round  # type: ignore[method-assign]
         self.controller.refresh_nodes()
         self.placements: dict[str, dict[str, int]] = {}

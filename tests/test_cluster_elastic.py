@@ -23,7 +23,6 @@ from pollux.cluster.control.controller import Controller, ControllerConfig
 from pollux.cluster.control.scheduler import Scheduler
 from pollux.cluster.state.spec import JobSpec, SpecError
 from pollux.cluster.state.store import JobStore
-from pollux.policy.base import Cluster
 
 ADMIN = "admin-token-for-tests"
 NODES = {"node-0": 2, "node-1": 2, "node-2": 2}
@@ -49,7 +48,7 @@ class Rig:
         self.backend.address = "127.0.0.1:6379"      # what RayBackend exposes
         self.store = JobStore(tmp_path / "jobs.db")
         self.policy = PlanPolicy()
-        sched = Scheduler(self.store, Cluster((), ()), policy_name="fifo")
+        sched = Scheduler(self.store, policy_name="fifo")
         sched.policy = self.policy   # type: ignore[assignment]
         config = ControllerConfig(state_dir=tmp_path, interval_s=3600.0, launch_timeout_s=20.0,
                                   resize_timeout_s=resize_timeout_s)

@@ -71,22 +71,22 @@ def test_job_view_without_hints_has_no_model_and_rigid_fixed(store):
 
 def test_jobs_without_hints_get_gpus_under_pollux_within_capacity(store):
     submit(store, 3)
-    sched = Scheduler(store, CLUSTER)
+    sched = Scheduler(store)
     assert sched.policy_name == "pollux" and sched.interval_s == 60.0
-    res = sched.run_round(100.0)
+    res = sched.decide(100.0, CLUSTER)
     assert isinstance(res, RoundResult) and res.num_jobs == 3
     check_allocation(res.allocation, CLUSTER)
     assert set(res.allocation) == {"j000", "j001", "j002"}
     assert set(res.changed) == set(res.allocation)
-    # nothing is written by the round itself
+    # nothing is written by the round itself: the controller writes its result in one call
     assert store.current_allocations() == {}
-    assert store.load_policy_state("pollux") is not None
+    assert store.load_policy_state("pollux") is None and res.policy_state is not None
 
 
 def test_job_with_fitted_hints_is_handled(store):
     submit(store, 2)
     store.put_hints("j000", hints(seen=4), now=5.0)
-    res = Scheduler(store, CLUSTER).run_round(100.0)
+    res = Scheduler(store).decide(100.0, CLUSTER)
     check_allocation(res.allocation, CLUSTER)
     assert sum(res.allocation.get("j000", {}).values()) >= 1
     assert total(res.allocation) <= CLUSTER.total_gpus
@@ -94,14 +94,14 @@ def test_job_with_fitted_hints_is_handled(store):
 
 def test_second_round_reports_only_real_changes_and_state_persists(store, tmp_path):
     submit(store, 4)
-    sched = Scheduler(store, CLUSTER)
+    sched = Scheduler(store)
     controller(store, sched, tmp_path).run_round(100.0)
     first = sched.last_result
     assert first is not None
     assert store.current_allocations() == first.allocation
     state1 = store.load_policy_state("pollux")
     assert state1 is not None
-    second = sched.run_round(160.0)
+    second = sched.decide(160.0, CLUSTER)
     assert second.previous == first.allocation
     for jid, row in second.changed.items():
         assert row != first.allocation.get(jid, {})
@@ -115,26 +115,26 @@ def test_second_round_reports_only_real_changes_and_state_persists(store, tmp_pa
 @pytest.mark.parametrize("name", ["tiresias", "fifo"])
 def test_rigid_policies_are_selectable(store, name):
     submit(store, 3, min_replicas=2)
-    sched = Scheduler(store, CLUSTER, policy_name=name)
-    res = sched.run_round(100.0)
+    sched = Scheduler(store, policy_name=name)
+    res = sched.decide(100.0, CLUSTER)
     assert res.policy == name
     check_allocation(res.allocation, CLUSTER)
     assert res.allocation and all(sum(r.values()) == 2 for r in res.allocation.values())
-    assert store.load_policy_state(name) is not None
+    assert res.policy_state is not None and store.load_policy_state(name) is None
 
 
 def test_unknown_policy_and_bad_interval_are_rejected(store):
     with pytest.raises(ValueError, match="policy"):
-        Scheduler(store, CLUSTER, policy_name="nope")
+        Scheduler(store, policy_name="nope")
     with pytest.raises(ValueError, match="interval_s"):
-        Scheduler(store, CLUSTER, interval_s=0)
+        Scheduler(store, interval_s=0)
 
 
 def test_controller_round_records_allocations_and_legal_transitions(store, tmp_path):
     """The round's changes reach the store only through the controller: pending → starting with
     the allocation in one write; a job losing its GPUs keeps its state until its run has stopped."""
     submit(store, 2)
-    sched = Scheduler(store, CLUSTER, policy_name="fifo")
+    sched = Scheduler(store, policy_name="fifo")
     ctl = controller(store, sched, tmp_path)
     ctl.run_round(100.0)
     res = sched.last_result
@@ -159,7 +159,7 @@ def test_terminal_jobs_are_ignored(store):
     store.transition("j001", "starting", now=5.0)
     store.transition("j001", "running", now=6.0)
     store.transition("j001", "succeeded", now=7.0)
-    res = Scheduler(store, CLUSTER).run_round(100.0)
+    res = Scheduler(store).decide(100.0, CLUSTER)
     assert res.num_jobs == 2
     assert set(res.allocation) <= {"j002", "j003"} and set(res.changed) <= {"j002", "j003"}
 
@@ -170,11 +170,11 @@ def test_same_seed_same_store_same_allocation(tmp_path):
         with JobStore(tmp_path / f"s{k}.db") as s:
             submit(s, 12)
             s.put_hints("j003", hints(), now=20.0)
-            sched = Scheduler(s, CLUSTER, seed=7)
+            sched = Scheduler(s, seed=7)
             controller(s, sched, tmp_path / f"c{k}").run_round(100.0)
             r1 = sched.last_result
             assert r1 is not None
-            results.append((r1.allocation, sched.run_round(160.0).allocation))
+            results.append((r1.allocation, sched.decide(160.0, CLUSTER).allocation))
     assert results[0] == results[1]
 
 
@@ -206,21 +206,42 @@ def test_schedule_once_with_explicit_policy(store):
     assert res.allocation == {"j000": {"node-2": 2}} and res.changed == res.allocation
     assert res.previous == {}
     assert 0.0 < res.duration_s <= wall
-    assert store.load_policy_state("recording") == {"round": 1}
-    assert store.load_policy_state("pollux") is None
+    assert res.policy_state == {"round": 1} and store.load_policy_state("recording") is None
     assert store.current_allocations() == {}
     assert [j.state for j in store.list_jobs()] == ["pending", "pending"]
-    # The next round gets the state the policy left.
+    # The controller writes the round's result; the next round gets the state the policy left.
+    written = store.apply_round(res.policy, res.policy_state, res.changed, now=50.0)
+    assert list(written) == ["j000"] and written["j000"].state == "starting"
+    assert store.load_policy_state("recording") == {"round": 1}
+    assert store.load_policy_state("pollux") is None
     schedule_once(store, CLUSTER, policy, 110.0, rng)
     assert policy.calls[1][2:4] == ({"round": 1}, 110.0)
-    assert store.load_policy_state("recording") == {"round": 2}
+
+
+def test_a_rounds_result_is_written_in_one_transaction_or_not_at_all(store):
+    """Policy state and every changed allocation go in together: one bad row writes nothing, and a
+    job that ended since the round read the store is left as it is."""
+    submit(store, 3)
+    store.transition("j002", "cancelled", now=60.0)
+    with pytest.raises(ValueError, match="allocation"):
+        store.apply_round("fifo", {"round": 1}, {"j000": {"node-0": 2}, "j001": {"node-1": -1}}, now=100.0)
+    assert store.current_allocations() == {} and store.load_policy_state("fifo") is None
+    assert [t.to_state for t in store.transitions("j000")] == ["pending"]
+    written = store.apply_round("fifo", {"round": 1}, {"j000": {"node-0": 2}, "j001": {"node-1": 1},
+                                                       "j002": {"node-2": 1}}, now=100.0)
+    assert sorted(written) == ["j000", "j001"]
+    assert store.current_allocations() == {"j000": {"node-0": 2}, "j001": {"node-1": 1}}
+    assert store.get_job("j002").state == "cancelled" and store.get_job("j002").allocation == {}
+    assert store.load_policy_state("fifo") == {"round": 1}
+    again = store.apply_round("fifo", {"round": 2}, {"j000": {}}, now=160.0)
+    assert again["j000"].state == "starting" and again["j000"].allocation == {}
 
 
 def test_round_with_100_jobs_completes(store):
     submit(store, 100)
     for i in range(0, 100, 10):
         store.put_hints(f"j{i:03d}", hints(seen=2), now=200.0)
-    res = Scheduler(store, CLUSTER).run_round(300.0)
+    res = Scheduler(store).decide(300.0, CLUSTER)
     check_allocation(res.allocation, CLUSTER)
     assert res.num_jobs == 100 and 0 < total(res.allocation) <= CLUSTER.total_gpus
     print(f"100-job round on 4x2 GPUs: {res.duration_s:.3f} s")
@@ -264,10 +285,10 @@ def test_hints_that_make_the_policy_raise_do_not_stop_scheduling(store, caplog):
     with pytest.raises(ValueError):                  # what every round did before: no one scheduled
         make_policy("pollux").decide([job_view(j, store.get_hints(j.id), 5.0, 8) for j in store.list_jobs()],
                                      CLUSTER, None, 5.0, np.random.default_rng(0))
-    sched = Scheduler(store, CLUSTER)
+    sched = Scheduler(store)
     with caplog.at_level("ERROR", logger="pollux.cluster"):
-        first = sched.run_round(100.0)
-        second = sched.run_round(160.0)
+        first = sched.decide(100.0, CLUSTER)
+        second = sched.decide(160.0, CLUSTER)
     for res in (first, second):
         check_allocation(res.allocation, CLUSTER)
         assert {"j000", "j001", "j002"} <= set(res.allocation) and not res.excluded
@@ -280,7 +301,7 @@ def test_stored_hints_that_no_longer_validate_fall_back_to_no_model(store):
     bad = hints()
     bad["throughput"]["gamma"] = 1e300
     _write_hints_row(store, "j000", bad)
-    res = Scheduler(store, CLUSTER).run_round(100.0)
+    res = Scheduler(store).decide(100.0, CLUSTER)
     assert set(res.allocation) == {"j000", "j001"} and not res.excluded
 
 
@@ -321,7 +342,7 @@ def test_stored_row_with_huge_replica_counts_does_not_stop_the_round(store):
         conn.execute("UPDATE jobs SET spec = ? WHERE id = 'j000'", (json.dumps(row),))
     store.submit(spec(min_replicas=10_000), job_id="big", now=9.0)    # valid, but more than the cluster
     for name in ("pollux", "tiresias", "fifo"):
-        res = Scheduler(store, CLUSTER, policy_name=name).run_round(100.0)
+        res = Scheduler(store, policy_name=name).decide(100.0, CLUSTER)
         check_allocation(res.allocation, CLUSTER)
         assert {"j001", "j002"} <= set(res.allocation) and "big" not in res.allocation, (name, res.allocation)
 
@@ -334,7 +355,7 @@ def test_a_round_reads_every_jobs_hints_with_one_query(store, monkeypatch):
     original = store.hints_of
     monkeypatch.setattr(store, "hints_of", lambda ids: calls.append(1) or original(ids))
     monkeypatch.setattr(store, "get_hints", lambda jid: pytest.fail("one query per job"))
-    Scheduler(store, CLUSTER).run_round(100.0)
+    Scheduler(store).decide(100.0, CLUSTER)
     assert calls == [1]
     got = original(f"j{i:03d}" for i in range(30))
     assert sorted(got) == [f"j{i:03d}" for i in range(0, 30, 3)] and got["j003"]["version"] == 2

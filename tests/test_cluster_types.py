@@ -59,7 +59,7 @@ class TypedRig:
         self.backend = FakeBackend(dict(TYPED if nodes is None else nodes), TYPES if types is None else types)
         self.store = JobStore(tmp_path / "jobs.db")
         self.policy = RecordingPolicy()
-        sched = Scheduler(self.store, Cluster((), ()), policy_name="fifo")
+        sched = Scheduler(self.store, policy_name="fifo")
         sched.policy = self.policy   # type: ignore[assignment]
         config = ControllerConfig(state_dir=tmp_path, interval_s=3600.0, launch_timeout_s=20.0, max_retries=2)
         self.controller = Controller(self.store, self.backend, sched, config, clock=self.clock,
@@ -240,13 +240,13 @@ def test_a_node_whose_type_changed_since_the_round_gets_no_launch_until_the_next
     # The node came back with other GPUs under the same name before the launch.
     r.controller.nodes = [replace(n, gpu_type="t4") if n.name == "a100-0" else n for n in r.controller.nodes]
     alive = {n.name: n for n in r.controller.nodes}
-    assert gt.type_mismatch({"a100-0": 2}, alive, r.controller.scheduler.cluster) \
+    assert gt.type_mismatch({"a100-0": 2}, alive, r.controller.cluster) \
         == "node a100-0 has GPU type t4, but the allocation was made for type a100"
     rounds = r.controller.rounds
     r.tick()
     assert r.backend.requested("a") == []          # nothing launched on the wrong type ...
     assert r.controller.rounds == rounds + 1       # ... a round at once instead (interval: 1 h)
-    assert r.controller.scheduler.cluster.types == ("a100", "t4", "t4")   # the backend's listing again
+    assert r.controller.cluster.types == ("a100", "t4", "t4")   # the backend's listing again
     r.tick(4)
     assert len(r.backend.requested("a")) == 1 and r.store.get_job("a").state == "running"
 

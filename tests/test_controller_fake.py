@@ -1,5 +1,5 @@
 """Every transition of the job lifecycle (docs/cluster.md) through the production path — the
-scheduling round (:meth:`Scheduler.run_round` via :meth:`Controller.run_round`) and the control loop —
+scheduling round (:meth:`Scheduler.decide` via :meth:`Controller.run_round`) and the control loop —
 against the in-memory fake backend and a fake clock: no Ray, no process, the whole file in ~1 s.
 """
 
@@ -24,7 +24,6 @@ from pollux.cluster.state.lifecycle import (
 )
 from pollux.cluster.state.store import JobStore
 from pollux.contract import ENV_JOB_ID, ENV_MASTER_PORT, ENV_NUM_REPLICAS, ENV_RANK, ENV_RESTARTS
-from pollux.policy.base import Cluster
 
 S = JobState
 
@@ -59,7 +58,7 @@ class Rig:
         self.controller = self.new_controller()
 
     def new_controller(self) -> Controller:
-        sched = Scheduler(self.store, Cluster((), ()), policy_name=self.policy or "fifo")
+        sched = Scheduler(self.store, policy_name=self.policy or "fifo")
         if self.policy is None:
             sched.policy = self.scripted   # type: ignore[assignment]
         return Controller(self.store, self.backend, sched, self.config, clock=self.clock,
@@ -385,11 +384,11 @@ def test_node_loss_counts_one_failure_and_never_relaunches_on_the_lost_node(rig)
     r.backend.drop_node(lost)
     r.controller.request_round()
     r.tick()
-    assert lost not in r.controller.scheduler.cluster.nodes
+    assert lost not in r.controller.cluster.nodes
     r.backend.add_node(lost, 2)
     r.controller.request_round()
     r.tick()
-    assert lost in r.controller.scheduler.cluster.nodes
+    assert lost in r.controller.cluster.nodes
 
 
 def test_a_held_node_that_the_backend_keeps_listing_returns_after_node_hold_s(rig):
@@ -400,11 +399,11 @@ def test_a_held_node_that_the_backend_keeps_listing_returns_after_node_hold_s(ri
     r.backend.down.discard("node-1")   # only the replica's actor died; the node is fine
     r.scripted.plan["a"] = {"node-0": 2}
     r.until(lambda: r.state("a") == S.RUNNING and r.job("a").restarts == 1, "moved")
-    assert "node-1" not in r.controller.scheduler.cluster.nodes
+    assert "node-1" not in r.controller.cluster.nodes
     r.clock.advance(11.0)
     r.controller.request_round()
     r.tick()
-    assert "node-1" in r.controller.scheduler.cluster.nodes
+    assert "node-1" in r.controller.cluster.nodes
 
 
 # ------------------------------------------------------------------------------------- cancel and stop
@@ -441,14 +440,14 @@ def test_cancel_running_pending_and_launching_jobs(rig):
 def test_round_does_not_resurrect_a_job_cancelled_meanwhile(rig):
     r = rig(nodes={"node-0": 2})
     r.submit("a", {"node-0": 2})
-    original = r.controller.scheduler.run_round
+    original = r.controller.scheduler.decide
 
-    def cancel_during_round(now):
-        result = original(now)
+    def cancel_during_round(now, cluster):
+        result = original(now, cluster)
         r.store.transition("a", S.CANCELLED)
         return result
 
-    r.controller.scheduler.run_round = cancel_during_round   # type: ignore[method-assign]
+    r.controller.scheduler.decide = cancel_during_round   # type: ignore[method-assign]
     r.tick()
     job = r.job("a")
     assert job.state == S.CANCELLED and job.allocation == {} and r.path("a") == ["pending", "cancelled"]

@@ -65,7 +65,6 @@ from pollux.cluster.state.folder import (
 from pollux.cluster.state.lifecycle import ACTIVE_STATES, JobState
 from pollux.cluster.state.store import JobStore
 from pollux.contract import LOG_FORMAT
-from pollux.policy.base import Cluster
 from pollux.policy.registry import policy_names
 
 logger = logging.getLogger("pollux.cluster")
@@ -236,7 +235,7 @@ def _serve(args: argparse.Namespace, state: Path) -> int:
         store.close()
         return 1
     watch = RayWatch(args.ray_address, args.rayhost_pid, args.ray_check)
-    scheduler = Scheduler(store, Cluster((), ()), policy_name=args.policy, interval_s=args.interval,
+    scheduler = Scheduler(store, policy_name=args.policy, interval_s=args.interval,
                           seed=args.seed)
     config = ControllerConfig(state_dir=state, scheduler_url=url, interval_s=args.interval, tick_s=args.tick,
                               stop_grace_s=args.stop_grace, max_retries=args.max_retries, python=args.python,

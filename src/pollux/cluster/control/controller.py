@@ -91,6 +91,8 @@ class Controller:
         self.launching: dict[str, Launch] = {}
         self.not_before: dict[str, float] = {}
         self.nodes: list[NodeInfo] = []
+        #: The schedulable nodes as a policy sees them, from the last :meth:`refresh_nodes`.
+        self.cluster = Cluster((), ())
         #: Nodes whose replicas were lost → when (monotonic); no launch there meanwhile.
         self.held_nodes: dict[str, float] = {}
         self._next_round = 0.0
@@ -103,7 +105,7 @@ class Controller:
     # ------------------------------------------------------------------ nodes and rounds
 
     def refresh_nodes(self) -> Cluster:
-        """Ask the backend for the alive nodes, leave out the held ones, tell the scheduler."""
+        """Ask the backend for the alive nodes and leave out the held ones: the next round's cluster."""
         nodes = self.backend.nodes()
         names = {n.name for n in nodes}
         mono = self.monotonic()
@@ -115,9 +117,8 @@ class Controller:
         if lost:
             logger.warning("lost node(s) %s: their GPUs leave the next round", sorted(lost))
         self.nodes = nodes
-        cluster = gputypes.cluster_of(nodes)   # typed if the backend reports GPU types, else as before
-        self.scheduler.set_cluster(cluster)
-        return cluster
+        self.cluster = gputypes.cluster_of(nodes)   # typed if the backend reports GPU types
+        return self.cluster
 
     def hold_node(self, node: str) -> None:
         """No launch on ``node`` until the backend drops it or ``node_hold_s`` passes; a round soon."""
@@ -136,18 +137,12 @@ class Controller:
         if cluster.num_nodes == 0:
             logger.warning("no alive node with GPUs; skipping the scheduling round")
             return
-        result = self.scheduler.run_round(now)
+        result = self.scheduler.decide(now, cluster)
         self.rounds += 1
-        for jid, row in result.changed.items():
-            job = self.store.get_job(jid)
-            if job.terminal:
-                continue
-            start = bool(row) and job.state == JobState.PENDING
-            job = self.store.transition(jid, JobState.STARTING if start else None, reason="allocated",
-                                        now=now, allocation=row, expect=SCHEDULED_STATES)
-            if job.terminal:   # cancelled meanwhile: nothing was written
-                continue
-            logger.info("round %d: job %s -> %s", self.rounds, jid, row or "no GPUs")
+        # One write for the whole round: the policy's state and every changed allocation.
+        written = self.store.apply_round(result.policy, result.policy_state, result.changed, now=now)
+        for jid in written:
+            logger.info("round %d: job %s -> %s", self.rounds, jid, result.changed[jid] or "no GPUs")
         if result.changed:
             logger.info("round %d (%s): %d job(s), %d changed, %.3f s", self.rounds, result.policy,
                         result.num_jobs, len(result.changed), result.duration_s)
@@ -238,7 +233,7 @@ class Controller:
     def _launch(self, job: JobRecord, placement: dict[str, int], now: float) -> None:
         """Begin a launch: check it can be placed, create the actors, ask rank 0 for a rendezvous."""
         alive = {n.name: n for n in self.nodes if n.name not in self.held_nodes}
-        moved = gputypes.type_mismatch(placement, alive, self.scheduler.cluster)
+        moved = gputypes.type_mismatch(placement, alive, self.cluster)
         if not set(placement) <= set(alive) or moved:
             self.request_round()   # a node left, is held or changed GPU type: a round moves the job
             return

@@ -2,9 +2,11 @@
 
 Every interval the service builds the policy's inputs from the stored jobs and hints (a job without
 hints has no model yet, so the policy assumes it scales linearly, SPEC priors), runs the configured
-policy (``pollux`` by default; ``tiresias`` and ``fifo`` also selectable), persists the policy's
-state and reports only the allocations that changed. Applying them (and the state transitions that
-go with them) is the controller's job (:meth:`pollux.cluster.control.controller.Controller.run_round`).
+policy (``pollux`` by default; ``tiresias`` and ``fifo`` also selectable) on the cluster it is
+given, and reports the allocations that changed with the policy's new state. A round writes
+nothing: the controller writes its result, the policy state and every changed allocation, with one
+call in one transaction (:meth:`pollux.cluster.state.store.JobStore.apply_round`, from
+:meth:`pollux.cluster.control.controller.Controller.run_round`).
 
 One job's numbers never stop scheduling for everyone: :func:`job_view` clamps replica counts to
 what the cluster could ever give (so no policy sees ``min_replicas: 1e20``), and when the policy
@@ -115,7 +117,8 @@ class RoundResult:
     ``allocation`` is the new full allocation (jobs without GPUs omitted). ``changed`` holds only
     the jobs whose allocation differs from the stored one; a job losing all GPUs maps to ``{}``.
     ``previous`` is the stored allocation the round started from. ``excluded`` maps each job left
-    out of the round (it gets no GPUs) to the error that made it so.
+    out of the round (it gets no GPUs) to the error that made it so. ``policy_state`` is the state
+    the policy left, for the store to save with the allocations.
     """
 
     now: float
@@ -126,6 +129,7 @@ class RoundResult:
     duration_s: float = 0.0
     num_jobs: int = 0
     excluded: dict[str, str] = field(default_factory=dict)
+    policy_state: PolicyState | None = None
 
 
 def _clean(row: Mapping[str, int]) -> dict[str, int]:
@@ -231,7 +235,7 @@ def _type_aware(policy: Policy) -> bool:
 
 def schedule_once(store: JobStore, cluster: Cluster, policy: Policy, now: float,
                   rng: np.random.Generator, isolation: _Isolation | None = None) -> RoundResult:
-    """Run one scheduling round; persists the policy state but writes no allocations.
+    """Run one scheduling round on ``cluster``; reads the store, writes nothing.
 
     A job whose view cannot be built or that makes the policy raise on its own is scheduled without
     its hints or left out (``RoundResult.excluded``); ``isolation`` remembers such jobs between rounds.
@@ -260,21 +264,21 @@ def schedule_once(store: JobStore, cluster: Cluster, policy: Policy, now: float,
     check_allocation(allocation, cluster)
     changed = {jid: allocation.get(jid, {}) for jid in sorted(ids)
                if allocation.get(jid, {}) != previous.get(jid, {})}
-    store.save_policy_state(policy.name, new_state, now=now)
     return RoundResult(now=float(now), policy=policy.name, allocation=allocation, changed=changed,
                        previous=previous, duration_s=time.perf_counter() - start, num_jobs=len(jobs),
-                       excluded=excluded)
+                       excluded=excluded, policy_state=new_state)
 
 
 class Scheduler:
-    """The scheduling loop's state between rounds: store, cluster, policy and a seeded generator."""
+    """The scheduling loop's state between rounds: the store it reads, the policy, a seeded
+    generator, and which jobs it schedules without their hints or leaves out. It keeps no copy of
+    the cluster: each round is given the nodes the controller has just read from the backend."""
 
-    def __init__(self, store: JobStore, cluster: Cluster, policy_name: str = "pollux",
-                 interval_s: float = 60.0, seed: int = 0, **policy_options: Any) -> None:
+    def __init__(self, store: JobStore, policy_name: str = "pollux", interval_s: float = 60.0,
+                 seed: int = 0, **policy_options: Any) -> None:
         if not interval_s > 0:
             raise ValueError(f"interval_s: must be > 0, got {interval_s!r}")
         self.store = store
-        self.cluster = cluster
         self.policy = make_policy(policy_name, **policy_options)
         self.interval_s = float(interval_s)
         self.seed = int(seed)
@@ -286,11 +290,8 @@ class Scheduler:
     def policy_name(self) -> str:
         return self.policy.name
 
-    def set_cluster(self, cluster: Cluster) -> None:
-        """The nodes the next rounds schedule on (the controller's view of the backend's nodes)."""
-        self.cluster = cluster
-
-    def run_round(self, now: float) -> RoundResult:
-        result = schedule_once(self.store, self.cluster, self.policy, now, self.rng, self._isolation)
+    def decide(self, now: float, cluster: Cluster) -> RoundResult:
+        """One round on ``cluster`` at ``now``; writes nothing (see :func:`schedule_once`)."""
+        result = schedule_once(self.store, cluster, self.policy, now, self.rng, self._isolation)
         self.last_result = result
         return result

@@ -1,0 +1,195 @@
+"""The jobs of the store: submitting, reading and listing them, and moving them through their
+lifecycle (:mod:`pollux.cluster.state.lifecycle`) with what each move counts, in one transaction."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import math
+import secrets
+import sqlite3
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from pollux.cluster.state.allocation_table import check_allocation, write_allocation
+from pollux.cluster.state.database import StoreConnection, timestamp
+from pollux.cluster.state.lifecycle import JOB_STATES, check_transition, effects
+from pollux.cluster.state.records import JobRecord, TransitionRecord
+from pollux.cluster.state.schema import hash_token
+from pollux.cluster.state.spec import JobSpec, is_job_id, validate_name
+
+__all__ = ["JobTable"]
+
+_log = logging.getLogger(__name__)
+
+
+class JobTable(StoreConnection):
+    """Jobs and their transitions."""
+
+    def submit(self, spec: JobSpec | Mapping[str, Any], *, name: str | None = None,
+               job_id: str | None = None, now: float | None = None) -> JobRecord:
+        """Add a pending job; ``job_id`` defaults to ``job-<8 hex>``, ``name`` to the id.
+
+        Raises :class:`SpecError` (a ValueError naming the field) for a bad spec or name, ValueError
+        for a bad id or one already taken. The returned record is the only one that carries the
+        job's plain token; the store keeps its hash.
+        """
+        spec = JobSpec.from_dict(spec.to_dict() if isinstance(spec, JobSpec) else spec)
+        if name is not None:
+            name = validate_name(name)
+        if job_id is not None and (not isinstance(job_id, str) or not is_job_id(job_id)):
+            raise ValueError(f"job_id: expected 1-128 letters, digits, '.', '_' or '-', got {job_id!r:.80}")
+        token = secrets.token_urlsafe(32)
+        t = timestamp(now)
+        with self._tx() as conn:
+            if job_id is None:
+                while True:
+                    job_id = f"job-{secrets.token_hex(4)}"
+                    if conn.execute("SELECT 1 FROM jobs WHERE id = ?", (job_id,)).fetchone() is None:
+                        break
+            elif conn.execute("SELECT 1 FROM jobs WHERE id = ?", (job_id,)).fetchone() is not None:
+                raise ValueError(f"job_id: {job_id!r} already exists")
+            conn.execute(
+                "INSERT INTO jobs (id, name, spec, state, token_hash, submit_time) VALUES (?, ?, ?, ?, ?, ?)",
+                (job_id, name if name is not None else job_id, json.dumps(spec.to_dict()), "pending",
+                 hash_token(token), t))
+            conn.execute("INSERT INTO transitions (job_id, from_state, to_state, time, reason) "
+                         "VALUES (?, NULL, 'pending', ?, 'submitted')", (job_id, t))
+            return dataclasses.replace(self._job(self._row(conn, job_id)), token=token)
+
+    def get_job(self, job_id: str) -> JobRecord:
+        """The job; raises :class:`UnknownJobError` (a KeyError) for an unknown id."""
+        with self._lock:
+            return self._job(self._row(self._conn, job_id))
+
+    def list_jobs(self, states: Iterable[str] | None = None) -> list[JobRecord]:
+        """Jobs in submission order, optionally only those in ``states``.
+
+        Never fails because of one bad row: a job whose stored spec no longer validates is listed
+        with ``spec_error`` set, and if it is not terminal yet it is failed first (reason
+        ``invalid spec: ...``), so that no scheduling round ever sees it.
+        """
+        wanted = None if states is None else list(states)
+        for s in wanted or ():
+            if s not in JOB_STATES:
+                raise ValueError(f"states: unknown job state {s!r}")
+        with self._lock:
+            if wanted is None:
+                rows = self._conn.execute("SELECT * FROM jobs ORDER BY submit_time, rowid").fetchall()
+            else:
+                marks = ",".join("?" * len(wanted))
+                rows = self._conn.execute(
+                    f"SELECT * FROM jobs WHERE state IN ({marks}) ORDER BY submit_time, rowid",
+                    wanted).fetchall()
+            jobs = [self._job(r) for r in rows]
+            if any(j.spec_error is not None and not j.terminal for j in jobs):
+                jobs = [self._fail_invalid(j) for j in jobs]
+                if wanted is not None:
+                    jobs = [j for j in jobs if j.state in wanted]
+            return jobs
+
+    def _fail_invalid(self, job: JobRecord) -> JobRecord:
+        if job.spec_error is None or job.terminal:
+            return job
+        _log.error("job %s: stored spec is invalid (%s); failing it", job.id, job.spec_error)
+        try:
+            return self.transition(job.id, "failed", reason=f"invalid spec: {job.spec_error}")
+        except (sqlite3.Error, ValueError) as exc:  # a read-only file, or it moved on meanwhile
+            _log.error("job %s: could not fail it: %s", job.id, exc)
+            return job
+
+    def count_by_state(self) -> dict[str, int]:
+        """``{state: number of jobs}`` for every state of :data:`JOB_STATES` (zeros included),
+        counted by SQL without loading a single job."""
+        counts = dict.fromkeys(JOB_STATES, 0)
+        with self._lock:
+            for state, n in self._conn.execute("SELECT state, COUNT(*) FROM jobs GROUP BY state"):
+                counts[state] = int(n)
+        return counts
+
+    def transition(self, job_id: str, new_state: str | None, reason: str | None = None,
+                   now: float | None = None, *, failure: bool = False, restart: bool = False,
+                   allocation: Mapping[str, int] | None = None,
+                   expect: Iterable[str] | None = None) -> JobRecord:
+        """Move a job to ``new_state`` (None: stay), counting a ``failure`` and/or a ``restart`` of
+        it in the same transaction; returns the job after.
+
+        The move is checked by :func:`pollux.cluster.state.lifecycle.check_transition` (ValueError naming
+        from/to for an illegal one) and its effects applied: start time on first running, end time
+        and (for failed) the reason on a terminal state, the allocation cleared on pending or a
+        terminal state. ``allocation`` (after the move) replaces the job's allocation and is appended
+        to its history. With ``expect``, a job found in another state is left alone (nothing is
+        written) and returned as it is: the caller acted on a state that changed meanwhile.
+        """
+        alloc = None if allocation is None else check_allocation(allocation)
+        with self._tx() as conn:
+            return self._transition(conn, job_id, new_state, reason, timestamp(now), failure=failure,
+                                    restart=restart, alloc=alloc, expect=expect)
+
+    def _transition(self, conn: sqlite3.Connection, job_id: str, new_state: str | None, reason: str | None,
+                    t: float, *, failure: bool, restart: bool, alloc: dict[str, int] | None,
+                    expect: Iterable[str] | None) -> JobRecord:
+        """:meth:`transition` inside the caller's transaction."""
+        row = self._row(conn, job_id)
+        old = row["state"]
+        if expect is not None and old not in set(expect):
+            return self._job(row)
+        sets: list[str] = []
+        params: list[Any] = []
+        if failure:
+            sets.append("failures = failures + 1")
+        if restart:
+            sets.append("restarts = restarts + 1")
+        if new_state is not None:
+            target = check_transition(job_id, old, new_state)
+            fx = effects(target, started=row["start_time"] is not None)
+            sets.append("state = ?")
+            params.append(target.value)
+            if fx.set_start_time:
+                sets.append("start_time = ?")
+                params.append(t)
+            if fx.set_end_time:
+                sets.append("end_time = ?")
+                params.append(t)
+            if fx.set_failure_reason:
+                sets.append("failure_reason = ?")
+                params.append(reason)
+            if fx.clear_allocation and json.loads(row["allocation"]):
+                sets.append("allocation = '{}'")
+                conn.execute("INSERT INTO allocations (job_id, time, allocation) VALUES (?, ?, '{}')",
+                             (job_id, t))
+            conn.execute("INSERT INTO transitions (job_id, from_state, to_state, time, reason) "
+                         "VALUES (?, ?, ?, ?, ?)", (job_id, old, target.value, t, reason))
+        if sets:
+            conn.execute(f"UPDATE jobs SET {', '.join(sets)} WHERE id = ?", (*params, job_id))
+        if alloc is not None:
+            write_allocation(conn, job_id, alloc, t)
+        return self._job(self._row(conn, job_id))
+
+    def transitions(self, job_id: str) -> list[TransitionRecord]:
+        """The job's state history, oldest first (the first entry is the submission, from None)."""
+        with self._lock:
+            self._row(self._conn, job_id)
+            rows = self._conn.execute(
+                "SELECT * FROM transitions WHERE job_id = ? ORDER BY seq", (job_id,)).fetchall()
+            return [TransitionRecord(r["job_id"], r["from_state"], r["to_state"], r["time"], r["reason"])
+                    for r in rows]
+
+    def add_restart(self, job_id: str) -> int:
+        """Count one more restart of the job; returns the new count."""
+        return self.transition(job_id, None, restart=True).restarts
+
+    def add_failure(self, job_id: str) -> int:
+        """Count one more failed run of the job (a replica exited with an error); returns the count."""
+        return self.transition(job_id, None, failure=True).failures
+
+    def add_service(self, job_id: str, gpu_seconds: float) -> float:
+        """Add attained service (GPU-seconds) to the job; returns the new total."""
+        if not math.isfinite(gpu_seconds) or gpu_seconds < 0:
+            raise ValueError(f"gpu_seconds: expected a finite non-negative number, got {gpu_seconds!r}")
+        with self._tx() as conn:
+            self._row(conn, job_id)
+            conn.execute("UPDATE jobs SET attained_service = attained_service + ? WHERE id = ?",
+                         (float(gpu_seconds), job_id))
+            return float(self._row(conn, job_id)["attained_service"])
