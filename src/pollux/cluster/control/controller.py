@@ -55,13 +55,13 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
 
 from pollux import contract
 from pollux.cluster.backends import gputypes, launcher
-from pollux.cluster.backends.api import Backend, NodeInfo, ReplicaHandle
-from pollux.cluster.backends.launcher import Launch, LaunchError, replica_command
-from pollux.cluster.control.records import DEFAULT_KIND, ControllerConfig, Group, still_wanted
+from pollux.cluster.backends.api import Backend, NodeInfo
+from pollux.cluster.backends.launcher import Launch, replica_command
+from pollux.cluster.control.launches import Launches
+from pollux.cluster.control.records import DEFAULT_KIND, ControllerConfig, Group
 from pollux.cluster.control.recovery import recover_runs
 from pollux.cluster.control.runners import Runner, default_runners
 from pollux.cluster.control.scheduler import Scheduler
@@ -88,7 +88,7 @@ class Controller:
         self.monotonic = monotonic
         self.runners: dict[str, Runner] = {**default_runners(), **(runners or {})}
         self.groups: dict[str, Group] = {}
-        self.launching: dict[str, Launch] = {}
+        self.launches = Launches(self)
         self.not_before: dict[str, float] = {}
         self.nodes: list[NodeInfo] = []
         #: The schedulable nodes as a policy sees them, from the last :meth:`refresh_nodes`.
@@ -96,7 +96,6 @@ class Controller:
         #: Nodes whose replicas were lost → when (monotonic); no launch there meanwhile.
         self.held_nodes: dict[str, float] = {}
         self._next_round = 0.0
-        self._waiting: dict[str, str] = {}
         self.rounds = 0
         self.lock = threading.Lock()
         if config.run_as is not None:
@@ -177,7 +176,7 @@ class Controller:
         with self.lock:
             active = {j.id: j for j in self.store.list_jobs(ACTIVE_STATES)}
             touched = set(self.launching)     # their records changed: look at them again next tick
-            self._advance_launches(active, now)
+            self.launches.advance_all(active, now)
             self._collect_exits()
             for jid in sorted(set(active) | set(self.groups)):
                 if jid in touched or jid in self.launching:
@@ -190,7 +189,7 @@ class Controller:
                 self._next_round = now + self.config.interval_s
                 mono = self.monotonic()
                 self.not_before = {k: t for k, t in self.not_before.items() if t > mono}
-                self._waiting = {k: w for k, w in self._waiting.items() if k in active}
+                self.launches.forget_waiting(active)
                 for g in self.groups.values():
                     if not g.stopping:
                         self.account(g, now)
@@ -202,12 +201,12 @@ class Controller:
         if group is not None:
             if not group.stopping:
                 if job.terminal:
-                    self.request_stop(group, f"job {job.state}", self._grace(job))
+                    self.request_stop(group, f"job {job.state}", self.grace(job))
                 elif group.placement != desired:
                     self.runner(job).apply(self, group, job, desired, now)
             elif job.terminal and not group.killed:
                 # Cancelled (or failed) while stopping for a rescale: no checkpoint is needed now.
-                cut = self.monotonic() + self._grace(job)
+                cut = self.monotonic() + self.grace(job)
                 group.stop_deadline = min(group.stop_deadline or cut, cut)
             self._poll(group, job, now)
             return
@@ -218,204 +217,28 @@ class Controller:
                 self.store.transition(job.id, JobState.PENDING, reason="no GPUs allocated", now=now)
             return
         if self.monotonic() >= self.not_before.get(job.id, 0.0):
-            self._launch(job, desired, now)
+            self.launches.begin(job, desired, now)
 
     def runner(self, job: JobRecord) -> Runner:
         """The runner of the job's kind (``restart`` or ``elastic``; see
         :mod:`pollux.cluster.control.runners`)."""
         return self.runners.get(job.spec.kind) or self.runners[DEFAULT_KIND]
 
-    def _grace(self, job: JobRecord) -> float:
+    def grace(self, job: JobRecord) -> float:
+        """How long the job's replicas get to exit when stopped: short for a cancelled job."""
         return self.config.cancel_grace_s if job.state == JobState.CANCELLED else self.config.stop_grace_s
 
-    # ------------------------------------------------------------------ launching
+    @property
+    def launching(self) -> dict[str, Launch]:
+        """The launches in flight by job (:class:`~pollux.cluster.control.launches.Launches`)."""
+        return self.launches.in_flight
 
-    def _launch(self, job: JobRecord, placement: dict[str, int], now: float) -> None:
-        """Begin a launch: check it can be placed, create the actors, ask rank 0 for a rendezvous."""
-        alive = {n.name: n for n in self.nodes if n.name not in self.held_nodes}
-        moved = gputypes.type_mismatch(placement, alive, self.cluster)
-        if not set(placement) <= set(alive) or moved:
-            self.request_round()   # a node left, is held or changed GPU type: a round moves the job
-            return
-        restart = job.restarts
-        spec = job.spec
-        base_env = {contract.ENV_JOB_ID: job.id, contract.ENV_RESTARTS: str(restart), "PYTHONUNBUFFERED": "1",
-                    contract.ENV_CHECKPOINT_DIR: str(self.config.checkpoint_dir / job.id)}
-        if self.config.scheduler_url:
-            base_env[contract.ENV_SCHEDULER_URL] = self.config.scheduler_url
-        base_env.update(launcher.elastic_env(spec, getattr(self.backend, "address", None)))
-        try:
-            launches = launcher.build_launches(spec, placement,
-                                               command=replica_command(spec, self.config.python),
-                                               base_env=base_env, user=self.config.run_as, nodes=alive,
-                                               log_root=self.config.log_dir / job.id / f"restart-{restart}")
-            usage = launcher.launch_usage(placement, launches)
-            reason = launcher.never_fits(usage, alive)
-            if reason is not None:
-                raise LaunchError(reason)
-        except LaunchError as exc:
-            self._count_launch_failure(job, str(exc), now)
-            return
-        others = [g.usage for jid, g in self.groups.items() if jid != job.id]
-        others += [launcher.launch_usage(x.placement, x.launches)
-                   for jid, x in self.launching.items() if jid != job.id]
-        busy = launcher.busy_reason(usage, others, alive)
-        if busy is not None:
-            if self._waiting.get(job.id) != busy:
-                logger.info("job %s: waiting to launch on %s (%s)", job.id, placement, busy)
-            self._waiting[job.id] = busy
-            return
-        self._waiting.pop(job.id, None)
-        handles: list[ReplicaHandle] = []
-        try:
-            launcher.prepare_checkpoint_dir(self.config.checkpoint_dir / job.id, self.config.run_as)
-            token = self.store.issue_token(job.id)   # a fresh token per run; the store keeps its hash
-            for s in launches:
-                s.env[contract.ENV_JOB_TOKEN] = token
-            handles = self.backend.create_actors(job.id, restart, launches, nodes=self.nodes)
-            rendezvous = self.backend.rendezvous_async(handles[0])
-        except Exception as exc:
-            self.backend.release(handles)
-            self._count_launch_failure(job, f"{type(exc).__name__}: {exc}", now)
-            return
-        self.launching[job.id] = Launch(job.id, restart, dict(placement), launches, handles,
-                                        deadline=self.monotonic() + self.config.launch_timeout_s,
-                                        rendezvous=rendezvous)
-        logger.info("job %s: launching restart %d, %s replica(s) per node", job.id, restart,
-                    launcher.replicas_of(s.node for s in launches))
-
-    def _advance_launches(self, active: dict[str, JobRecord], now: float) -> None:
-        """Move every launch in flight one step, from answers already there (no waiting)."""
-        if not self.launching:
-            return
-        ready = self.backend.ready([r for x in self.launching.values() for r in x.pending_refs], 0.0)
-        mono = self.monotonic()
-        for jid, x in list(self.launching.items()):
-            try:
-                job = active.get(jid) or self.store.get_job(jid)
-                self._advance(x, job, ready, mono, now)
-            except Exception as exc:
-                logger.exception("job %s: launch failed", jid)
-                self._drop_launch(x, self.store.get_job(jid), f"launch error: {exc}", now)
-
-    def _advance(self, x: Launch, job: JobRecord, ready: set[Any], mono: float, now: float) -> None:
-        timeout = self.config.launch_timeout_s
-        if x.starts is None:
-            if not still_wanted(job, x.placement):
-                self._drop_launch(x, job, None, now)
-            elif x.rendezvous in ready:
-                try:
-                    addr, port = self.backend.result(x.rendezvous)
-                except Exception as exc:
-                    self._drop_launch(x, job, f"replica 0 on {x.launches[0].node} could not be placed: "
-                                      f"{type(exc).__name__}: {exc}", now)
-                    return
-                for s in x.launches:
-                    s.env.update({contract.ENV_MASTER_ADDR: str(addr), contract.ENV_MASTER_PORT: str(port)})
-                x.starts = self.backend.start_async(x.handles, x.launches)
-            elif mono > x.deadline:
-                self._drop_launch(x, job, f"replica 0 on {x.launches[0].node} was not placed within "
-                                  f"{timeout:g} s", now)
-            return
-        errors = []
-        for h, ref in zip(x.handles, x.starts, strict=True):
-            if h.pid is not None or ref not in ready:
-                continue
-            try:
-                res = self.backend.result(ref)
-            except Exception as exc:
-                res = {"error": f"{type(exc).__name__}: {exc}"}
-            if "error" in res:
-                errors.append(f"replica {h.rank} on {h.node}: {res['error']}")
-            else:
-                h.pid = int(res["pid"])
-        complete = all(r in ready for r in x.starts)
-        if errors:
-            self._drop_launch(x, job, errors[0], now)
-        elif not complete and not still_wanted(job, x.placement):
-            self._drop_launch(x, job, None, now)
-        elif not complete and mono > x.deadline:
-            late = [h.rank for h in x.handles if h.pid is None]
-            self._drop_launch(x, job, f"replica(s) {late} did not start within {timeout:g} s", now)
-        elif complete:
-            self._launch_done(x, job)
-
-    def _launch_done(self, x: Launch, job: JobRecord) -> None:
-        self.launching.pop(x.job_id)
-        t = self.clock()
-        for h, s in zip(x.handles, x.launches, strict=True):
-            self.store.record_replica(x.job_id, x.restart, h.rank, h.node, h.pid, s.log_path, now=t)
-        group = Group(x.job_id, x.restart, dict(x.placement), x.handles, started=t,
-                      futures=dict(zip([h.rank for h in x.handles], self.backend.exit_futures(x.handles),
-                                       strict=True)),
-                      usage=launcher.launch_usage(x.placement, x.launches))
-        self.groups[x.job_id] = group
-        job = self.store.get_job(x.job_id)
-        if not still_wanted(job, x.placement):
-            # Cancelled or re-allocated while its processes were starting: stop them now.
-            logger.info("job %s: restart %d started after the job became %s; stopping it", x.job_id,
-                        x.restart, job.state)
-            if job.terminal:
-                self.request_stop(group, f"job {job.state}", self._grace(job))
-            return
-        if job.state in (JobState.STARTING, JobState.RESCALING):
-            self.store.transition(x.job_id, JobState.RUNNING, reason=f"restart {x.restart} on {x.placement}",
-                                  now=t)
-        logger.info("job %s: restart %d started, %d replica(s) on %s", x.job_id, x.restart, len(x.handles),
-                    x.placement)
-
-    def _drop_launch(self, x: Launch, job: JobRecord, reason: str | None, now: float) -> None:
-        """End a launch that failed (``reason``; counted) or that the job no longer wants (None):
-        stop what it started (a cleanup group), release the other actors."""
-        self.launching.pop(x.job_id, None)
-        started = [h for h in x.handles if h.pid is not None]
-        rest = [h for h in x.handles if h.pid is None]
-        if x.starts is not None and rest:
-            self.backend.signal(rest, signal.SIGKILL)  # a start that answers late must not leave a process
-        self.backend.release(rest)
-        if started:
-            group = Group(x.job_id, x.restart, dict(x.placement), started, started=self.clock(), cleanup=True,
-                          futures=dict(zip([h.rank for h in started], self.backend.exit_futures(started),
-                                           strict=True)),
-                          usage=launcher.launch_usage(x.placement, x.launches))
-            self.groups[x.job_id] = group
-            for h in started:
-                self.store.record_replica(x.job_id, x.restart, h.rank, h.node, h.pid,
-                                          x.launches[h.rank].log_path)
-            self.request_stop(group, "launch failed" if reason else "launch abandoned",
-                               0.0 if reason else self._grace(job))
-        if reason is None:
-            logger.info("job %s: launch of restart %d abandoned (job %s, allocation %s)", x.job_id,
-                        x.restart, job.state, job.allocation or "none")
-        job = self.store.get_job(x.job_id)
-        if job.terminal:
-            return
-        if reason is None:
-            self.store.transition(x.job_id, None, restart=True)
-        else:
-            self._count_launch_failure(job, reason, now, restart=True)
-
-    def _count_launch_failure(self, job: JobRecord, reason: str, now: float, restart: bool = False) -> None:
-        """A launch failure counts like a failed run: back to pending, or failed after max_retries.
-
-        The failure, the state and (``restart``: the launch had created replicas) the restart are
-        written in one transaction."""
-        failures = job.failures + 1   # the controller is the only writer of failures
-        reason = f"launch of restart {job.restarts} failed: {reason}"
-        if failures > self.config.max_retries:
-            self.store.transition(job.id, JobState.FAILED, now=now, failure=True, restart=restart,
-                                  reason=f"{reason} (failure {failures}, retries exhausted)",
-                                  expect=SCHEDULED_STATES)
-            logger.error("job %s: failed: %s", job.id, reason)
-        else:
-            delay = launcher.backoff_s(failures, self.config.retry_backoff_s, self.config.max_backoff_s)
-            self.not_before[job.id] = self.monotonic() + delay
-            state = None if job.state == JobState.PENDING else JobState.PENDING
-            self.store.transition(job.id, state, reason=reason, now=now, failure=True, restart=restart,
-                                  expect=SCHEDULED_STATES)
-            logger.warning("job %s: %s; retrying in %.0f s (failure %d of at most %d)", job.id, reason, delay,
-                           failures, self.config.max_retries)
-        self.request_round()
+    def back_off(self, job_id: str, failures: int) -> float:
+        """No launch of the job for ``retry_backoff_s * 2**(failures-1)`` (at most ``max_backoff_s``);
+        returns that delay."""
+        delay = launcher.backoff_s(failures, self.config.retry_backoff_s, self.config.max_backoff_s)
+        self.not_before[job_id] = self.monotonic() + delay
+        return delay
 
     # ------------------------------------------------------------------ stopping and exits
 
@@ -489,8 +312,7 @@ class Controller:
                 logger.error("job %s: failed: %s", job.id, reason)
             else:
                 self.store.transition(job.id, None, failure=True, expect=SCHEDULED_STATES)
-                delay = launcher.backoff_s(failures, self.config.retry_backoff_s, self.config.max_backoff_s)
-                self.not_before[job.id] = self.monotonic() + delay
+                delay = self.back_off(job.id, failures)
                 logger.warning("job %s: %s; restarting from the last checkpoint in %.0f s (failure %d of at "
                                "most %d)", job.id, reason, delay, failures, self.config.max_retries)
                 self.request_stop(group, "failure: " + reason)
@@ -530,7 +352,8 @@ class Controller:
             for x in list(self.launching.values()):
                 ready = self.backend.ready(x.starts, 5.0) if x.starts is not None else set()
                 if x.starts is not None and ready == set(x.starts):
-                    self._advance(x, self.store.get_job(x.job_id), ready, self.monotonic(), self.clock())
+                    self.launches.advance(x, self.store.get_job(x.job_id), ready, self.monotonic(),
+                                          self.clock())
                 else:   # its processes, if any, have not reported: kill them with their actors
                     self.launching.pop(x.job_id)
                     self.backend.signal(x.handles, signal.SIGKILL, timeout_s=2.0)
