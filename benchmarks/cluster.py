@@ -70,6 +70,7 @@ def first_step_times(log_dir: Path, job_id: str, restart: int, replicas: int) ->
 
 def bench_reallocation(moves: int, timeout_s: float) -> dict:
     from pollux.cluster import server
+    from pollux.cluster.backends import processes
     from pollux.cluster.backends.ray_backend import RayBackend
     from pollux.cluster.control.controller import Controller, ControllerConfig
     from pollux.cluster.control.scheduler import Scheduler
@@ -135,7 +136,7 @@ def bench_reallocation(moves: int, timeout_s: float) -> dict:
         if backend is not None:
             backend.shutdown()
         if host is not None:
-            server.stop_pid(host.pid, 60)
+            processes.stop_pid(host.pid, 60)
     return {"moves": len(delays), "median_s": round(statistics.median(delays), 2) if delays else None,
             "max_s": round(max(delays), 2) if delays else None,
             "delays_s": [round(d, 2) for d in delays],

@@ -53,6 +53,7 @@ def live(iterations: int, task_floor_s: float, digits_epochs: int = 40) -> dict[
     import httpx
 
     from pollux.cluster import server
+    from pollux.cluster.backends import processes, rayhost
 
     with tempfile.TemporaryDirectory(prefix="litz-live-") as tmp:
         state = Path(tmp) / "state"
@@ -110,9 +111,9 @@ def live(iterations: int, task_floor_s: float, digits_epochs: int = 40) -> dict[
             }
         finally:
             report = server.stop(state, timeout_s=60)
-        out["left_processes"] = sorted(server.cluster_processes(state))
-        out["service_stopped"] = bool(report["was_running"]) and not server.pid_alive(info.service_pid) \
-            and not server.pid_alive(info.rayhost_pid)
+        out["left_processes"] = sorted(rayhost.cluster_processes(state))
+        out["service_stopped"] = bool(report["was_running"]) and not processes.pid_alive(info.service_pid) \
+            and not processes.pid_alive(info.rayhost_pid)
         return out
 
 

@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 
 from pollux.cluster import server
+from pollux.cluster.backends import processes
 from pollux.cluster.backends.processes import descendants
 from pollux.cluster.backends.ray_backend import RayBackend
 from pollux.cluster.control.controller import Controller, ControllerConfig
@@ -56,7 +57,7 @@ def ray_backend(tmp_path_factory):
     finally:
         if backend is not None:
             backend.shutdown()
-        server.stop_pid(host.pid, 60)
+        processes.stop_pid(host.pid, 60)
 
 
 class Harness:
@@ -147,7 +148,7 @@ def marked(job_id: str) -> list[int]:
 
 
 def gone(pids) -> bool:
-    return not any(server.pid_alive(p) for p in pids)
+    return not any(processes.pid_alive(p) for p in pids)
 
 
 def test_entrypoint_that_cannot_exec_fails_after_bounded_retries_with_backoff(harness, tmp_path):

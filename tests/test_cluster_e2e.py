@@ -26,6 +26,7 @@ pytest.importorskip("ray")
 pytest.importorskip("sklearn")
 
 from pollux.cluster import server
+from pollux.cluster.backends import processes
 from pollux.cluster.state.store import JobStore
 from pollux.raylink import LOOPBACK_ENV
 
@@ -88,9 +89,9 @@ def ray_cluster(tmp_path_factory):
             os.killpg(host.pid, signal.SIGKILL)
             host.wait(10)
         deadline = time.monotonic() + 20
-        while time.monotonic() < deadline and any(server.pid_alive(p) for p in seen):
+        while time.monotonic() < deadline and any(processes.pid_alive(p) for p in seen):
             time.sleep(0.2)
-    left = sorted(p for p in seen if server.pid_alive(p))
+    left = sorted(p for p in seen if processes.pid_alive(p))
     assert not left, f"Ray processes left running: {left}"
     assert not (ray_pids() - before), f"new Ray processes left running: {sorted(ray_pids() - before)}"
 
@@ -146,9 +147,9 @@ class Service:
         pid = self.info.service_pid
         os.kill(pid, signal.SIGKILL)
         deadline = time.monotonic() + 10
-        while server.pid_alive(pid) and time.monotonic() < deadline:
+        while processes.pid_alive(pid) and time.monotonic() < deadline:
             time.sleep(0.05)
-        assert not server.pid_alive(pid)
+        assert not processes.pid_alive(pid)
         self.client.close()
 
     def stop(self) -> None:
@@ -172,12 +173,12 @@ def service(ray_cluster, tmp_path):
     yield make
     for svc in made:
         svc.stop()
-        assert not server.pid_alive(svc.info.service_pid)
+        assert not processes.pid_alive(svc.info.service_pid)
         pids = svc.recorded_pids()
         deadline = time.monotonic() + 15
-        while time.monotonic() < deadline and any(server.pid_alive(p) for p in pids):
+        while time.monotonic() < deadline and any(processes.pid_alive(p) for p in pids):
             time.sleep(0.2)
-        assert not [p for p in pids if server.pid_alive(p)], "replica processes left running"
+        assert not [p for p in pids if processes.pid_alive(p)], "replica processes left running"
     ray_cluster["seen"].update(ray_pids() - ray_cluster["before"])
 
 
@@ -271,9 +272,9 @@ def test_cancel_stops_replicas_and_graceful_stop_preempts_to_pending(service):
     pids = [r["pid"] for r in svc.job(drop)["replicas"]]
     assert svc.client.post(f"/v1/jobs/{drop}/cancel").json()["state"] == "cancelled"
     deadline = time.monotonic() + 60
-    while time.monotonic() < deadline and any(server.pid_alive(p) for p in pids):
+    while time.monotonic() < deadline and any(processes.pid_alive(p) for p in pids):
         time.sleep(0.2)
-    assert not any(server.pid_alive(p) for p in pids)
+    assert not any(processes.pid_alive(p) for p in pids)
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline and not svc.epochs_logged(keep):
         time.sleep(0.2)
@@ -287,8 +288,8 @@ def test_cancel_stops_replicas_and_graceful_stop_preempts_to_pending(service):
     stopped = subprocess.run([*pollux, "server", "stop", "--state-dir", str(svc.state)],
                              capture_output=True, text=True, timeout=180)
     assert stopped.returncode == 0, stopped.stderr
-    assert not any(server.pid_alive(p) for p in running)   # graceful: the job checkpointed and exited
-    assert not server.pid_alive(svc.info.service_pid)
+    assert not any(processes.pid_alive(p) for p in running)   # graceful: the job checkpointed and exited
+    assert not processes.pid_alive(svc.info.service_pid)
     with JobStore(svc.state / "jobs.db") as store:
         job = store.get_job(keep)
         assert job.state == "pending" and job.allocation == {}
@@ -359,10 +360,10 @@ def test_lost_node_leaves_the_next_round_and_its_job_carries_on(ray_cluster, tmp
     finally:
         if svc is not None:
             svc.stop()
-        server.stop_pid(host.pid, 60)
+        processes.stop_pid(host.pid, 60)
     pids = svc.recorded_pids()
     deadline = time.monotonic() + 20
-    while time.monotonic() < deadline and (ray_pids() - before or any(server.pid_alive(p) for p in pids)):
+    while time.monotonic() < deadline and (ray_pids() - before or any(processes.pid_alive(p) for p in pids)):
         time.sleep(0.2)
-    assert not [p for p in pids if server.pid_alive(p)], "replica processes left running"
+    assert not [p for p in pids if processes.pid_alive(p)], "replica processes left running"
     assert not (ray_pids() - before)

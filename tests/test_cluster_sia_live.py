@@ -62,6 +62,7 @@ def test_sia_places_jobs_by_type_and_moves_one_to_the_fast_type_by_checkpoint_re
     import httpx
 
     from pollux.cluster import server
+    from pollux.cluster.backends import processes, rayhost
     from pollux.cluster.state.folder import ray_auth_env
     from pollux.raylink import LOOPBACK_ENV
 
@@ -170,6 +171,6 @@ def test_sia_places_jobs_by_type_and_moves_one_to_the_fast_type_by_checkpoint_re
               f"{time.monotonic() - started:.1f} s in all")
     finally:
         report = server.stop(state, timeout_s=60)
-    assert not server.cluster_processes(state), "processes of the embedded cluster left running"
-    assert not server.pid_alive(info.service_pid) and not server.pid_alive(info.rayhost_pid)
+    assert not rayhost.cluster_processes(state), "processes of the embedded cluster left running"
+    assert not processes.pid_alive(info.service_pid) and not processes.pid_alive(info.rayhost_pid)
     assert report["was_running"]

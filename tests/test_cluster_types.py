@@ -370,6 +370,7 @@ def test_e2e_replicas_run_on_ray_nodes_of_their_allocations_type(tmp_path):
     import httpx
 
     from pollux.cluster import server
+    from pollux.cluster.backends import processes, rayhost
     from pollux.cluster.state.folder import ray_auth_env
     from pollux.raylink import LOOPBACK_ENV
 
@@ -416,6 +417,6 @@ def test_e2e_replicas_run_on_ray_nodes_of_their_allocations_type(tmp_path):
         print(f"e2e: running on both types {time.monotonic() - started:.1f} s after start")
     finally:
         report = server.stop(state, timeout_s=60)
-    assert not server.cluster_processes(state), "processes of the embedded cluster left running"
-    assert not server.pid_alive(info.service_pid) and not server.pid_alive(info.rayhost_pid)
+    assert not rayhost.cluster_processes(state), "processes of the embedded cluster left running"
+    assert not processes.pid_alive(info.service_pid) and not processes.pid_alive(info.rayhost_pid)
     assert report["was_running"]

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import os
 import secrets
-import signal
 import subprocess
 import sys
 import time
@@ -31,6 +30,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from pollux.cluster.backends.processes import pid_alive, stop_pid
+from pollux.cluster.backends.rayhost import sweep_cluster
 from pollux.cluster.state.folder import (
     RAY_TOKEN,
     SERVICE_LOCK,
@@ -48,8 +49,8 @@ from pollux.cluster.state.folder import (
 from pollux.policy.clusterspec import parse_cluster
 from pollux.raylink import LOOPBACK_ENV
 
-__all__ = ["ServerError", "ServerInfo", "connect", "default_state_dir", "pid_alive", "spawn_rayhost", "start",
-           "status", "stop", "stop_pid"]
+__all__ = ["ServerError", "ServerInfo", "connect", "default_state_dir", "spawn_rayhost", "start", "status",
+           "stop"]
 
 #: Where the server keeps its state unless told otherwise (``--state-dir`` or ``$POLLUX_STATE_DIR``).
 STATE_ENV = "POLLUX_STATE_DIR"
@@ -77,55 +78,6 @@ class ServerInfo:
 def default_state_dir() -> Path:
     env = os.environ.get(STATE_ENV)
     return Path(env) if env else Path.home() / ".pollux"
-
-
-def pid_alive(pid: int | None) -> bool:
-    """True if ``pid`` runs and is not a zombie."""
-    if not pid:
-        return False
-    try:
-        with open(f"/proc/{int(pid)}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except (FileNotFoundError, ProcessLookupError, IndexError):
-        return False
-
-
-def stop_pid(pid: int | None, timeout_s: float, *, group: bool = False) -> bool:
-    """SIGTERM ``pid`` (its process group if ``group``), wait up to ``timeout_s``, then SIGKILL.
-
-    Returns True if it had to be killed.
-    """
-    if not pid_alive(pid):
-        return False
-    assert pid is not None
-
-    def send(sig: int) -> None:
-        try:
-            os.killpg(pid, sig) if group else os.kill(pid, sig)
-        except (ProcessLookupError, PermissionError):
-            pass
-
-    send(signal.SIGTERM)
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        _reap(pid)
-        if not pid_alive(pid):
-            return False
-        time.sleep(0.1)
-    send(signal.SIGKILL)
-    for _ in range(50):
-        _reap(pid)
-        if not pid_alive(pid):
-            break
-        time.sleep(0.1)
-    return True
-
-
-def _reap(pid: int) -> None:
-    try:
-        os.waitpid(pid, os.WNOHANG)
-    except ChildProcessError:
-        pass
 
 
 def _ensure_token(state: Path) -> str:
@@ -174,7 +126,8 @@ def spawn_rayhost(state_dir: Path, nodes: int | str, gpus_per_node: int, timeout
     (``"t4:2x2,a100:1x2"``, whose GPU counts replace ``gpus_per_node``).
 
     Its output goes to ``state_dir/rayhost.log`` and its address to ``state_dir/ray.json``; ``env``
-    is added to its environment (Ray's token authentication). Stop it with :func:`stop_pid` (SIGTERM
+    is added to its environment (Ray's token authentication). Stop it with
+    :func:`pollux.cluster.backends.processes.stop_pid` (SIGTERM
     shuts the cluster down).
     """
     state = Path(state_dir)
@@ -187,52 +140,6 @@ def spawn_rayhost(state_dir: Path, nodes: int | str, gpus_per_node: int, timeout
     if on_spawn is not None:
         on_spawn(host.pid)
     return host, _wait_for(state / "ray.json", host, timeout_s, "the Ray host", log)["address"]
-
-
-def cluster_processes(state_dir: Path, rayhost_pid: int | None = None) -> list[int]:
-    """PIDs of the live processes of ``state_dir``'s embedded Ray cluster: those whose environment
-    names the folder's Ray token file (the Ray host, GCS, raylets, workers, the service), and, if
-    ``rayhost_pid`` is given, the Ray processes of the Ray host's session (Ray starts its agents with
-    an environment of their own; they outlive a Ray host killed with SIGKILL)."""
-    marker = f"RAY_AUTH_TOKEN_PATH={Path(state_dir).resolve() / RAY_TOKEN}".encode()
-    out = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit() or int(entry) == os.getpid():
-            continue
-        pid = int(entry)
-        try:
-            if marker in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0"):
-                out.append(pid)
-            elif rayhost_pid and _session(pid) == int(rayhost_pid) \
-                    and b"ray" in Path(f"/proc/{pid}/cmdline").read_bytes():
-                out.append(pid)
-        except OSError:
-            continue
-    return [p for p in out if pid_alive(p)]
-
-
-def _session(pid: int) -> int | None:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return int(f.read().rsplit(")", 1)[1].split()[3])
-    except (OSError, IndexError, ValueError):
-        return None
-
-
-def _sweep(state: Path, rayhost_pid: int | None = None) -> int:
-    """SIGKILL whatever is left of the folder's embedded cluster; returns how many processes."""
-    pids = cluster_processes(state, rayhost_pid)
-    for pid in pids:
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except OSError:
-            pass
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline and any(pid_alive(p) for p in pids):
-        for p in pids:
-            _reap(p)
-        time.sleep(0.05)
-    return len(pids)
 
 
 def _write_server_json(state: Path, data: dict[str, Any]) -> None:
@@ -318,7 +225,7 @@ def _start_locked(state: Path, *, ray_address: str | None, local_nodes: int | st
     env = {**os.environ, **LOOPBACK_ENV, **auth}
     rayhost_pid = info.get("rayhost_pid")
     if info.get("embedded", True) and rayhost_pid and not pid_alive(rayhost_pid):
-        _sweep(state, rayhost_pid)            # what a Ray host killed earlier left behind
+        sweep_cluster(state, rayhost_pid)            # what a Ray host killed earlier left behind
     if not (info.get("embedded", True) and pid_alive(rayhost_pid)):
         rayhost_pid = None
     address = ray_address
@@ -336,7 +243,7 @@ def _start_locked(state: Path, *, ray_address: str | None, local_nodes: int | st
             say(f"stopping the earlier embedded Ray cluster (PID {rayhost_pid})"
                 + (": it does not answer" if embedded else ""))
             stop_pid(rayhost_pid, 30)
-            _sweep(state, rayhost_pid)
+            sweep_cluster(state, rayhost_pid)
             rayhost_pid = None
         if address is None:
             (state / "ray.json").unlink(missing_ok=True)
@@ -386,7 +293,7 @@ def _abort(state: Path, service: subprocess.Popen | None, spawned: int | None, k
         stop_pid(service.pid, 10)
     if spawned is not None:
         stop_pid(spawned, 30)
-        _sweep(state, spawned)
+        sweep_cluster(state, spawned)
         notes.append(f"stopped the Ray host this start had launched (PID {spawned})")
         (state / "server.json").unlink(missing_ok=True)
     elif kept_rayhost is not None and pid_alive(kept_rayhost):
@@ -446,7 +353,7 @@ def stop(state_dir: Path, *, timeout_s: float = 120.0, progress: Any = None) -> 
             say(f"stopping the embedded Ray cluster (PID {host})")
             report["rayhost_pid"] = host
             report["rayhost_killed"] = stop_pid(host, 60)
-        report["ray_processes_killed"] = _sweep(state, host if embedded else None)
+        report["ray_processes_killed"] = sweep_cluster(state, host if embedded else None)
         if report["ray_processes_killed"]:
             say(f"killed {report['ray_processes_killed']} leftover process(es) of the embedded Ray cluster")
         report["replicas_killed"] = _stop_recorded_replicas(state)

@@ -117,7 +117,7 @@ class RayWatch:
 
     def __init__(self, address: str, host_pid: int | None, every_s: float, *, strikes: int = 3,
                  timeout_s: float = 3.0) -> None:
-        from pollux.cluster.server import pid_alive
+        from pollux.cluster.backends.processes import pid_alive
 
         self.address = address
         self.host_pid = host_pid

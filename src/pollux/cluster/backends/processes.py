@@ -1,5 +1,5 @@
-"""Process trees on this machine, read from /proc: every descendant of a process, and a kill of a
-whole tree that reaps what it can.
+"""Processes on this machine, read from /proc: whether one lives, stopping one (SIGTERM, then
+SIGKILL), every descendant of a process, and a kill of a whole tree that reaps what it can.
 
 A replica's actor is a child subreaper (:mod:`pollux.cluster.backends.ray_backend`): whatever the
 replica leaves behind re-parents to the actor, which kills and reaps it all before it reports the
@@ -13,7 +13,7 @@ import signal
 import time
 from collections.abc import Iterable
 
-__all__ = ["descendants", "kill_tree", "signal_all"]
+__all__ = ["descendants", "kill_tree", "pid_alive", "reap", "session_of", "signal_all", "stop_pid"]
 
 
 def _parent_pids() -> dict[int, int]:
@@ -83,3 +83,62 @@ def kill_tree(pgid: int | None, root: int | None = None, timeout_s: float = 5.0)
         if not left or time.monotonic() > deadline:
             return len(found)
         time.sleep(0.02)
+
+
+def pid_alive(pid: int | None) -> bool:
+    """True if ``pid`` runs and is not a zombie."""
+    if not pid:
+        return False
+    try:
+        with open(f"/proc/{int(pid)}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (FileNotFoundError, ProcessLookupError, IndexError):
+        return False
+
+
+def stop_pid(pid: int | None, timeout_s: float, *, group: bool = False) -> bool:
+    """SIGTERM ``pid`` (its process group if ``group``), wait up to ``timeout_s``, then SIGKILL.
+
+    Returns True if it had to be killed.
+    """
+    if not pid_alive(pid):
+        return False
+    assert pid is not None
+
+    def send(sig: int) -> None:
+        try:
+            os.killpg(pid, sig) if group else os.kill(pid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+    send(signal.SIGTERM)
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        reap(pid)
+        if not pid_alive(pid):
+            return False
+        time.sleep(0.1)
+    send(signal.SIGKILL)
+    for _ in range(50):
+        reap(pid)
+        if not pid_alive(pid):
+            break
+        time.sleep(0.1)
+    return True
+
+
+def reap(pid: int) -> None:
+    """Collect ``pid``'s exit status if it is this process's child (so it leaves no zombie)."""
+    try:
+        os.waitpid(pid, os.WNOHANG)
+    except ChildProcessError:
+        pass
+
+
+def session_of(pid: int) -> int | None:
+    """The session id of ``pid`` (from /proc), or None if it cannot be read."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return int(f.read().rsplit(")", 1)[1].split()[3])
+    except (OSError, IndexError, ValueError):
+        return None

@@ -19,6 +19,10 @@ of ``pollux server status``, run in a process of its own so that a GCS that does
 hang the caller, and so that the caller's process never holds a Ray client of another cluster. Both
 modes use Ray's token authentication when the environment enables it (``RAY_AUTH_MODE=token``,
 ``RAY_AUTH_TOKEN_PATH``), as :mod:`pollux.cluster.server` does for the embedded cluster.
+
+:func:`cluster_processes` finds every live process of a state folder's embedded cluster (by the
+token path in its environment, or by the Ray host's session), and :func:`sweep_cluster` kills
+what a Ray host killed with SIGKILL left behind.
 """
 
 from __future__ import annotations
@@ -35,7 +39,9 @@ import time
 from pathlib import Path
 
 from pollux.cluster.backends.gputypes import TYPE_RESOURCE_PREFIX
+from pollux.cluster.backends.processes import pid_alive, reap, session_of
 from pollux.cluster.backends.ray_backend import NODE_RESOURCE_PREFIX
+from pollux.cluster.state.folder import RAY_TOKEN
 from pollux.policy.clusterspec import parse_cluster
 from pollux.raylink import LOOPBACK_ENV
 
@@ -91,6 +97,44 @@ def probe(address: str, env: dict[str, str] | None = None, timeout_s: float = 20
                 **({} if alive > 0 else {"error": "no alive Ray node"})}
     error = data.get("error") or (out.stderr.strip().splitlines() or ["no answer"])[-1]
     return {"healthy": False, "error": f"the Ray GCS at {address}: {error}"}
+
+
+def cluster_processes(state_dir: Path, rayhost_pid: int | None = None) -> list[int]:
+    """PIDs of the live processes of ``state_dir``'s embedded Ray cluster: those whose environment
+    names the folder's Ray token file (the Ray host, GCS, raylets, workers, the service), and, if
+    ``rayhost_pid`` is given, the Ray processes of the Ray host's session (Ray starts its agents with
+    an environment of their own; they outlive a Ray host killed with SIGKILL)."""
+    marker = f"RAY_AUTH_TOKEN_PATH={Path(state_dir).resolve() / RAY_TOKEN}".encode()
+    out = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == os.getpid():
+            continue
+        pid = int(entry)
+        try:
+            if marker in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0"):
+                out.append(pid)
+            elif rayhost_pid and session_of(pid) == int(rayhost_pid) \
+                    and b"ray" in Path(f"/proc/{pid}/cmdline").read_bytes():
+                out.append(pid)
+        except OSError:
+            continue
+    return [p for p in out if pid_alive(p)]
+
+
+def sweep_cluster(state: Path, rayhost_pid: int | None = None) -> int:
+    """SIGKILL whatever is left of the folder's embedded cluster; returns how many processes."""
+    pids = cluster_processes(state, rayhost_pid)
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except OSError:
+            pass
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and any(pid_alive(p) for p in pids):
+        for p in pids:
+            reap(p)
+        time.sleep(0.05)
+    return len(pids)
 
 
 def _probe_main(address: str, timeout_s: float = 5.0) -> int:
