@@ -58,30 +58,29 @@ job therefore never turns a listing into a 500.
 
 from __future__ import annotations
 
-import codecs
-import hashlib
-import hmac
-import json
 import logging
-import math
-import re
-import threading
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
 from fastapi import Depends, FastAPI, HTTPException, Query, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
-from prometheus_client.registry import Collector
+from fastapi.responses import PlainTextResponse, StreamingResponse
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from pollux.cluster.api import schema
+from pollux.cluster.api.answers import (
+    SafeJSONResponse,
+    allocation_dict,
+    job_dict,
+    replica_dict,
+    transition_dict,
+)
+from pollux.cluster.api.auth import bearer_token, same_token, unauthorised
 from pollux.cluster.api.limits import MAX_QUERY_INT, RequestError, find_nonfinite, read_json_body
-from pollux.cluster.backends.gputypes import job_gpu_types
+from pollux.cluster.api.logs import log_stream
+from pollux.cluster.api.metrics import ServiceMetrics
 from pollux.cluster.state.lifecycle import JobState
 from pollux.cluster.state.spec import JobSpec, SpecError, is_job_id, validate_name
 from pollux.cluster.state.store import (
@@ -89,9 +88,6 @@ from pollux.cluster.state.store import (
     TERMINAL_STATES,
     JobRecord,
     JobStore,
-    ReplicaRecord,
-    ResizeRecord,
-    TransitionRecord,
     UnknownJobError,
 )
 from pollux.hints import HintsError
@@ -100,92 +96,12 @@ __all__ = ["SafeJSONResponse", "create_app"]
 
 _log = logging.getLogger(__name__)
 
-_SURROGATE = re.compile("[\ud800-\udfff]")
 _StateName = Literal[JOB_STATES]  # type: ignore[valid-type]
 #: ``?state=`` (repeatable): the states of the jobs to list.
 _StatesQuery = Annotated[list[_StateName],
                          Query(description="Only jobs in these states (repeatable).")]
 #: ``?restart=`` and ``?rank=``: whole numbers in SQLite's (and any real job's) range; absent = all.
 _IndexQuery = Annotated[int, Query(ge=0, le=MAX_QUERY_INT)]
-_LOG_CHUNK = 1 << 16
-
-
-def _sanitise(value: Any) -> Any:
-    """``value`` with every lone surrogate replaced by U+FFFD and every non-finite float by None."""
-    if isinstance(value, str):
-        return _SURROGATE.sub("\ufffd", value)
-    if isinstance(value, float):
-        return value if math.isfinite(value) else None
-    if isinstance(value, Mapping):
-        return {_sanitise(str(k)): _sanitise(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [_sanitise(v) for v in value]
-    return value
-
-
-class SafeJSONResponse(JSONResponse):
-    """A JSON answer that can always be sent: strict JSON when the content allows, else the content
-    with lone surrogates replaced and non-finite numbers as null (never an encoding error, a 500)."""
-
-    def render(self, content: Any) -> bytes:
-        try:
-            return json.dumps(content, ensure_ascii=False, allow_nan=False,
-                              separators=(",", ":")).encode("utf-8")
-        except (UnicodeEncodeError, ValueError, TypeError):
-            return json.dumps(_sanitise(content), ensure_ascii=False, allow_nan=False,
-                              separators=(",", ":"), default=str).encode("utf-8")
-
-
-def _job_dict(job: JobRecord, *, token: bool = False,
-              types: Mapping[str, str] | None = None) -> dict[str, Any]:
-    out: dict[str, Any] = {
-        "id": job.id, "name": job.name, "state": job.state, "spec": job.spec.to_dict(),
-        "spec_error": job.spec_error,
-        "submit_time": job.submit_time, "start_time": job.start_time, "end_time": job.end_time,
-        "restarts": job.restarts, "failures": job.failures, "failure_reason": job.failure_reason,
-        "attained_service": job.attained_service, "allocation": dict(job.allocation),
-        "gpu_types": job_gpu_types(job.allocation, types or {}),
-    }
-    if token:
-        out["token"] = job.token
-    return out
-
-
-def _transition_dict(t: TransitionRecord) -> dict[str, Any]:
-    return {"from_state": t.from_state, "to_state": t.to_state, "time": t.time, "reason": t.reason}
-
-
-def _allocation_dict(a: ResizeRecord) -> dict[str, Any]:
-    return {"time": a.time, "allocation": dict(a.allocation), "version": a.version, "applied": a.applied}
-
-
-def _replica_dict(r: ReplicaRecord) -> dict[str, Any]:
-    return {"restart": r.restart, "rank": r.rank, "node": r.node, "pid": r.pid, "log_path": r.log_path,
-            "start_time": r.start_time, "exit_code": r.exit_code, "end_time": r.end_time}
-
-
-def _unauthorised(message: str) -> HTTPException:
-    return HTTPException(401, message, headers={"WWW-Authenticate": "Bearer"})
-
-
-def _bearer(request: Request) -> str:
-    header = request.headers.get("authorization")
-    if not header:
-        raise _unauthorised("missing bearer token")
-    scheme, _, token = header.partition(" ")
-    if scheme.lower() != "bearer" or not token.strip():
-        raise _unauthorised("malformed Authorization header (expected 'Bearer <token>')")
-    return token.strip()
-
-
-def _digest(token: str) -> bytes:
-    return hashlib.sha256(token.encode("utf-8", "surrogatepass")).digest()
-
-
-def _same(a: str, b: str) -> bool:
-    """Whether two tokens are equal, in time independent of their content and of their lengths
-    (their SHA-256 digests are compared, in constant time)."""
-    return hmac.compare_digest(_digest(a), _digest(b))
 
 
 def _spec_field(exc: SpecError) -> str:
@@ -199,64 +115,6 @@ def _field_error(exc: SpecError) -> RequestError:
     field = _spec_field(exc)
     detail = getattr(exc, "detail", None) or str(exc).split(": ", 1)[-1]
     return RequestError(422, field, detail)
-
-
-class _Metrics(Collector):
-    """The service's Prometheus metrics, a collector of its own registry (one per application), read at
-    scrape time: ``pollux_jobs{state}`` and ``pollux_allocated_gpus`` from the store's counts (never
-    the jobs themselves), and ``pollux_hints_received_total``, the valid hints this process accepted."""
-
-    def __init__(self, store: JobStore) -> None:
-        self._store = store
-        self._lock = threading.Lock()
-        self.hints_received = 0
-        self.registry = CollectorRegistry()
-        self.registry.register(self)
-
-    def add_hints(self) -> None:
-        with self._lock:
-            self.hints_received += 1
-
-    def collect(self) -> Iterator[Metric]:
-        jobs = GaugeMetricFamily("pollux_jobs", "Number of jobs in each state.", labels=["state"])
-        for state, n in self._store.count_by_state().items():
-            jobs.add_metric([state], n)
-        yield jobs
-        gpus = sum(sum(a.values()) for a in self._store.current_allocations().values())
-        yield GaugeMetricFamily("pollux_allocated_gpus", "GPUs currently allocated to jobs.", value=gpus)
-        with self._lock:
-            hints = self.hints_received
-        yield CounterMetricFamily("pollux_hints_received",
-                                  "Valid hints accepted by this service process.", value=hints)
-
-    def exposition(self) -> PlainTextResponse:
-        return PlainTextResponse(generate_latest(self.registry), media_type=CONTENT_TYPE_LATEST)
-
-
-def _log_stream(files: list[tuple[str, Path]]) -> Iterator[bytes]:
-    """The log files that can be opened, one after another, each after its header line; read in
-    chunks (a log may be large: it is never held whole in memory) and decoded leniently (a job may
-    write any bytes)."""
-    for header, path in files:
-        try:
-            handle = path.open("rb")
-        except (OSError, ValueError):
-            continue
-        with handle:
-            yield header.encode("utf-8")
-            decoder = codecs.getincrementaldecoder("utf-8")("replace")
-            last = ""
-            while chunk := handle.read(_LOG_CHUNK):
-                text = decoder.decode(chunk)
-                if text:
-                    last = text
-                    yield text.encode("utf-8")
-            tail = decoder.decode(b"", final=True)
-            if tail:
-                last = tail
-                yield tail.encode("utf-8")
-            if last and not last.endswith("\n"):
-                yield b"\n"
 
 
 def create_app(store: JobStore, admin_token: str, *, log_dir: Path | None = None,
@@ -284,7 +142,7 @@ def create_app(store: JobStore, admin_token: str, *, log_dir: Path | None = None
     app = FastAPI(title="Pollux scheduler", version="1", default_response_class=SafeJSONResponse,
                   description="Submit, inspect and cancel jobs; receive hints from running jobs. "
                               "Errors are {\"detail\"}, plus \"field\" on 413 and 422.")
-    metrics = _Metrics(store)
+    metrics = ServiceMetrics(store)
     app.state.store = store
     app.state.metrics = metrics
 
@@ -323,19 +181,19 @@ def create_app(store: JobStore, admin_token: str, *, log_dir: Path | None = None
     # -- authorisation
 
     async def require_admin(request: Request) -> None:
-        if not _same(_bearer(request), admin_token):
-            raise _unauthorised("invalid token")
+        if not same_token(bearer_token(request), admin_token):
+            raise unauthorised("invalid token")
 
     def require_hints_token(request: Request, job_id: str) -> None:
         """Admin, or the job's own current token; another job's token is 403, any other 401."""
-        token = _bearer(request)
-        if _same(token, admin_token):
+        token = bearer_token(request)
+        if same_token(token, admin_token):
             return
         if is_job_id(job_id) and store.token_matches(job_id, token):
             return
         if store.job_of_token(token) is not None:
             raise HTTPException(403, "this token may only be used for its own job")
-        raise _unauthorised("invalid token")
+        raise unauthorised("invalid token")
 
     def only_query(*names: str) -> Any:
         """A dependency refusing any query parameter but ``names`` (422 naming it): a misspelt
@@ -417,26 +275,26 @@ def create_app(store: JobStore, admin_token: str, *, log_dir: Path | None = None
         job = await run_in_threadpool(submit_checked, body)
         if on_change is not None:
             on_change()
-        return SafeJSONResponse(_job_dict(job, token=True, types=types()), status_code=201)
+        return SafeJSONResponse(job_dict(job, token=True, types=types()), status_code=201)
 
     @app.get("/v1/jobs", dependencies=[admin, only_query("state")], response_model=None,
              summary="List jobs (admin), optionally only those in the given states",
              responses=schema.responses(200, "JobList", 401, 422), openapi_extra=schema.BEARER)
     def list_jobs(state: _StatesQuery = None) -> SafeJSONResponse:  # type: ignore[assignment]
         known = types()
-        return SafeJSONResponse([_job_dict(j, types=known) for j in store.list_jobs(state or None)])
+        return SafeJSONResponse([job_dict(j, types=known) for j in store.list_jobs(state or None)])
 
     @app.get("/v1/jobs/{job_id}", dependencies=[admin, only_query()], response_model=None,
              summary="Describe a job (admin)",
              responses=schema.responses(200, "JobDetail", 401, 404, 422), openapi_extra=schema.BEARER)
     def describe(job_id: str) -> SafeJSONResponse:
         known = types()
-        out = _job_dict(get_job(job_id), types=known)
+        out = job_dict(get_job(job_id), types=known)
         history = store.resizes(job_id)
         replicas = store.replicas(job_id)
-        out["allocation_history"] = [_allocation_dict(a) for a in history]
-        out["transitions"] = [_transition_dict(t) for t in store.transitions(job_id)]
-        out["replicas"] = [_replica_dict(r) for r in replicas]
+        out["allocation_history"] = [allocation_dict(a) for a in history]
+        out["transitions"] = [transition_dict(t) for t in store.transitions(job_id)]
+        out["replicas"] = [replica_dict(r) for r in replicas]
         out["hints"] = store.get_hints(job_id)
         used = {*out["allocation"], *(n for a in history for n in a.allocation), *(r.node for r in replicas)}
         out["node_types"] = {n: known[n] for n in sorted(used) if n in known}
@@ -455,7 +313,7 @@ def create_app(store: JobStore, admin_token: str, *, log_dir: Path | None = None
             raise HTTPException(409, str(exc)) from exc
         if on_change is not None:
             on_change()
-        return SafeJSONResponse(_job_dict(job, types=types()))
+        return SafeJSONResponse(job_dict(job, types=types()))
 
     @app.get("/v1/cluster", dependencies=[admin, only_query()], response_model=None,
              summary="The cluster as the service sees it (admin): nodes, policy, rounds",
@@ -480,7 +338,7 @@ def create_app(store: JobStore, admin_token: str, *, log_dir: Path | None = None
             if not path.is_absolute() and log_dir is not None:
                 path = Path(log_dir) / path
             files.append((f"==> restart {rep.restart} rank {rep.rank} (node {rep.node}) <==\n", path))
-        return StreamingResponse(_log_stream(files), media_type="text/plain; charset=utf-8")
+        return StreamingResponse(log_stream(files), media_type="text/plain; charset=utf-8")
 
     def put_hints_checked(job_id: str, body: Any) -> dict[str, Any]:
         bad = find_nonfinite(body)

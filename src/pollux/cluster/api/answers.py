@@ -1,0 +1,78 @@
+"""How the API's answers are written: records as JSON objects, and a JSON response that can always be
+sent (a lone surrogate from an older database, or a non-finite number, never turns an answer into a
+500)."""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from collections.abc import Mapping
+from typing import Any
+
+from fastapi.responses import JSONResponse
+
+from pollux.cluster.backends.gputypes import job_gpu_types
+from pollux.cluster.state.records import JobRecord, ReplicaRecord, ResizeRecord, TransitionRecord
+
+__all__ = ["SafeJSONResponse", "allocation_dict", "job_dict", "replica_dict", "sanitise", "transition_dict"]
+
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def sanitise(value: Any) -> Any:
+    """``value`` with every lone surrogate replaced by U+FFFD and every non-finite float by None."""
+    if isinstance(value, str):
+        return _SURROGATE.sub("\ufffd", value)
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, Mapping):
+        return {sanitise(str(k)): sanitise(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [sanitise(v) for v in value]
+    return value
+
+
+class SafeJSONResponse(JSONResponse):
+    """A JSON answer that can always be sent: strict JSON when the content allows, else the content
+    with lone surrogates replaced and non-finite numbers as null (never an encoding error, a 500)."""
+
+    def render(self, content: Any) -> bytes:
+        try:
+            return json.dumps(content, ensure_ascii=False, allow_nan=False,
+                              separators=(",", ":")).encode("utf-8")
+        except (UnicodeEncodeError, ValueError, TypeError):
+            return json.dumps(sanitise(content), ensure_ascii=False, allow_nan=False,
+                              separators=(",", ":"), default=str).encode("utf-8")
+
+
+def job_dict(job: JobRecord, *, token: bool = False,
+             types: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """A job as the API answers it (``token`` only on the answer to its submission)."""
+    out: dict[str, Any] = {
+        "id": job.id, "name": job.name, "state": job.state, "spec": job.spec.to_dict(),
+        "spec_error": job.spec_error,
+        "submit_time": job.submit_time, "start_time": job.start_time, "end_time": job.end_time,
+        "restarts": job.restarts, "failures": job.failures, "failure_reason": job.failure_reason,
+        "attained_service": job.attained_service, "allocation": dict(job.allocation),
+        "gpu_types": job_gpu_types(job.allocation, types or {}),
+    }
+    if token:
+        out["token"] = job.token
+    return out
+
+
+def transition_dict(t: TransitionRecord) -> dict[str, Any]:
+    """One entry of a job's state history."""
+    return {"from_state": t.from_state, "to_state": t.to_state, "time": t.time, "reason": t.reason}
+
+
+def allocation_dict(a: ResizeRecord) -> dict[str, Any]:
+    """One allocation of a job, with its version and when it was applied."""
+    return {"time": a.time, "allocation": dict(a.allocation), "version": a.version, "applied": a.applied}
+
+
+def replica_dict(r: ReplicaRecord) -> dict[str, Any]:
+    """One replica process of a job's run."""
+    return {"restart": r.restart, "rank": r.rank, "node": r.node, "pid": r.pid, "log_path": r.log_path,
+            "start_time": r.start_time, "exit_code": r.exit_code, "end_time": r.end_time}
