@@ -142,8 +142,8 @@ def test_scaling_rule_multiplies_the_learning_rate_during_the_step(agent) -> Non
 def test_progress_grows_by_gain_at_larger_batches(agent) -> None:
     _, opt, adp, loader = make_job(n=64, m0=4)
     loader.autoscale_batch_size(64, (1, 8), gradient_accumulation=True)
-    loader._config = BatchConfig(1, 8, 1)               # M = 16: S = 4 (as if chosen by the optimiser)
-    loader._config_key = loader._limits_key()
+    loader.tuner.config = BatchConfig(1, 8, 1)          # M = 16: S = 4 (as if chosen by the optimiser)
+    loader.tuner.config_key = loader.tuner.limits_key()
     expected = 0.0
     micro = 0
     for batch in loader:

@@ -162,6 +162,16 @@ class AgentContext:
 
     # ---------------------------------------------------------------- identity
 
+    def refit_throughput(self) -> None:
+        """Refit the throughput model from the profiled steps (rank 0, at each refit); a failed fit
+        keeps the previous model. The context owns the model: it is checkpointed with the profile."""
+        fit = self.profiler.fit(previous=self.fit_params)
+        self.fitter.mark()
+        if fit is not None and fit.ok:
+            self.fit_params = fit.params
+        elif fit is not None:
+            logger.warning("throughput fit failed, keeping the previous model: %s", fit.message)
+
     def type_hints(self, bounds: tuple[int, int]) -> dict[str, dict[str, Any]] | None:
         """The hints' ``types``: the fit of every other GPU type the job has run on (with these
         local batch bounds); None on an untyped cluster or before any other type."""

@@ -8,11 +8,12 @@ the user runs forward and backward, and the optimiser's ``step``/``zero_grad`` d
 final micro-step. Between steps it records step times, applies what the replicas agreed on (refit,
 out-of-memory recovery, SIGTERM) and moves the global sample index.
 
-Batch configuration: rank 0 chooses the local batch m and accumulation steps s — from the fitted
-goodput model once a throughput fit exists and the gradient statistics are unbiased and numerous
-enough (re-optimised at every refit, about every 30 s, within the guards of
-:mod:`pollux.torch.decisions`), else the smallest configuration that reaches M0 — and broadcasts it.
-Every change is logged on the ``pollux.torch`` logger with its evidence.
+Batch configuration: the loader's :class:`~pollux.torch.tuner.BatchTuner` owns the limits and the
+configuration in force (local batch m and accumulation steps s) and the decisions that change it:
+rank 0 chooses from the fitted goodput model once a throughput fit exists and the gradient
+statistics are unbiased and numerous enough (re-optimised at every refit, about every 30 s), else
+the smallest configuration that reaches M0, and every replica takes the choice. The loader asks it
+at the start of an iteration, at a refit and after an out-of-memory error.
 
 Probe steps: one replica without accumulation cannot measure unbiased gradient statistics from a
 single gradient per step. While the batch is adaptive, such a replica splits some steps in two
@@ -39,20 +40,18 @@ from torch.utils.data import DataLoader, Dataset, IterableDataset
 
 from pollux.contract import ENV_BALANCE
 from pollux.goodput import BatchLimits
-from pollux.hints import build_hints
-from pollux.torch import decisions
 from pollux.torch.api import BatchConfig, StepInfo
 from pollux.torch.context import AgentContext, get_context
-from pollux.torch.decisions import DecisionRecord
 from pollux.torch.loader_state import LoaderCheckpoint
 from pollux.torch.microbatch import PlanBatchSampler, probe_due, record_times, split_batch
 from pollux.torch.sampler import ElasticSampler
 from pollux.torch.shares import LoaderBalance, StepTimer, env_mode, memory_full
+from pollux.torch.tuner import BatchTuner
 
 logger = logging.getLogger("pollux.torch")
 
-#: After an out-of-memory error the upper local batch bound becomes ``floor(m × OOM_BACKOFF)``.
-OOM_BACKOFF = 0.75
+__all__ = ["AdaptiveDataLoader"]
+
 _REJECTED_KWARGS = ("sampler", "batch_sampler", "drop_last", "batch_size")
 
 
@@ -87,19 +86,11 @@ class AdaptiveDataLoader:
         self.sampler = ElasticSampler(length, shuffle=shuffle, seed=seed)
         self._batch_sampler = PlanBatchSampler(self.sampler)
         self._dataloader = DataLoader(dataset, batch_sampler=self._batch_sampler, **kwargs)
-        self._max_batch_size: int | None = None
-        self._min_local = 1
-        self._user_max_local: int | None = None
-        self._oom_max_local: int | None = None
-        self._accumulation = False
-        self._config: BatchConfig | None = None
-        self._config_key: tuple[Any, ...] | None = None
+        self.tuner = BatchTuner(self.init_batch_size)
         self._it: Any = None
         self._it_next = -1
         self._it_cfg: BatchConfig | None = None
         self._it_shares: tuple[int, ...] | None = None
-        self._warned_forced_accum = False
-        self._last_decision: DecisionRecord | None = None
         self._probe_shapes: set[int] = set()
         self._deferred_note = -1
         ctx = get_context()
@@ -113,7 +104,7 @@ class AdaptiveDataLoader:
             self._set_balance(env_mode(), ENV_BALANCE)
         noted = ctx.oom_note()      # a previous run died of an out-of-memory error
         if noted is not None:
-            self._oom_max_local = noted if self._oom_max_local is None else min(self._oom_max_local, noted)
+            self.tuner.note_oom_bound(noted)
 
     # ---------------------------------------------------------------- configuration
 
@@ -126,22 +117,7 @@ class AdaptiveDataLoader:
         automatically. ``gradient_accumulation`` allows accumulation steps when the local batch
         would exceed the upper bound.
         """
-        if isinstance(max_batch_size, bool) or int(max_batch_size) != max_batch_size:
-            raise ValueError(f"max_batch_size: expected an integer, got {max_batch_size!r}")
-        if max_batch_size < self.init_batch_size:
-            raise ValueError(f"max_batch_size: {max_batch_size} is below the initial batch size "
-                             f"{self.init_batch_size}")
-        lo, hi = (None, None) if local_bsz_bounds is None else tuple(local_bsz_bounds)
-        if lo is not None and (int(lo) != lo or lo < 1):
-            raise ValueError(f"local_bsz_bounds: lower bound must be a positive integer, got {lo!r}")
-        if hi is not None and (int(hi) != hi or hi < 1):
-            raise ValueError(f"local_bsz_bounds: upper bound must be a positive integer, got {hi!r}")
-        if lo is not None and hi is not None and lo > hi:
-            raise ValueError(f"local_bsz_bounds: lower bound {lo} exceeds upper bound {hi}")
-        self._max_batch_size = int(max_batch_size)
-        self._min_local = int(lo) if lo is not None else 1
-        self._user_max_local = int(hi) if hi is not None else None
-        self._accumulation = bool(gradient_accumulation)
+        self.tuner.autoscale(max_batch_size, local_bsz_bounds, gradient_accumulation)
 
     def balance_batches(self, mode: str | None = "auto") -> None:
         """Unequal per-replica batches (LB-BSP): each replica's share of every micro-step is sized at
@@ -163,24 +139,26 @@ class AdaptiveDataLoader:
 
     def state_dict(self) -> dict[str, Any]:
         """The loader's checkpoint (registered as ``pollux_loader<i>``): position, configuration, bounds."""
-        return LoaderCheckpoint(self.sampler.state_dict(), self._config, self._config_key,
-                                self._oom_max_local, self._last_decision).to_dict()
+        return LoaderCheckpoint(self.sampler.state_dict(), self.tuner.config, self.tuner.config_key,
+                                self.tuner.oom_max_local, self.tuner.last_decision).to_dict()
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         saved = LoaderCheckpoint.from_dict(state)
         self.sampler.load_state_dict(saved.sampler)
-        self._config, self._config_key = saved.config, saved.limits_key
-        self._oom_max_local, self._last_decision = saved.oom_max_local, saved.last_decision
+        self.tuner.config = saved.config
+        self.tuner.config_key = saved.limits_key
+        self.tuner.oom_max_local = saved.oom_max_local
+        self.tuner.last_decision = saved.last_decision
 
     # ---------------------------------------------------------------- configuration
 
     @property
     def adaptive(self) -> bool:
-        return self._max_batch_size is not None and self._max_batch_size > self.init_batch_size
+        return self.tuner.adaptive
 
     @property
     def max_batch_size(self) -> int:
-        return self._max_batch_size if self._max_batch_size is not None else self.init_batch_size
+        return self.tuner.max_batch_size
 
     @property
     def dataset_len(self) -> int:
@@ -190,33 +168,23 @@ class AdaptiveDataLoader:
     @property
     def user_max_local_bsz(self) -> int | None:
         """The upper local batch bound the user gave (None: none, so out-of-memory errors set one)."""
-        return self._user_max_local
+        return self.tuner.user_max_local
 
     @property
     def max_local_bsz(self) -> int | None:
         """Upper local batch bound in force: the user's, lowered by out-of-memory errors."""
-        bounds = [b for b in (self._user_max_local, self._oom_max_local) if b is not None]
-        return min(bounds) if bounds else None
+        return self.tuner.max_local_bsz
 
     @property
     def min_local_bsz(self) -> int:
-        hi = self.max_local_bsz
-        return self._min_local if hi is None else min(self._min_local, hi)
+        return self.tuner.min_local_bsz
 
     def limits(self) -> BatchLimits:
         """The batch limits handed to the goodput optimiser."""
-        return BatchLimits(init_batch_size=self.init_batch_size, max_batch_size=self.max_batch_size,
-                           min_local_bsz=self.min_local_bsz, max_local_bsz=self.max_local_bsz,
-                           accumulation=self._accumulation)
-
-    def _limits_key(self) -> tuple[Any, ...]:
-        return (self.max_batch_size, self.min_local_bsz, self.max_local_bsz, self._accumulation)
+        return self.tuner.limits()
 
     def _current(self) -> BatchConfig:
-        k = self._ctx.replicas
-        if self._config is not None and self._config.replicas == k:
-            return self._config
-        return self._default_config(k)
+        return self.tuner.current(self._ctx.replicas)
 
     @property
     def config(self) -> BatchConfig:
@@ -244,223 +212,11 @@ class AdaptiveDataLoader:
         """Approximate optimiser steps per pass at the current batch size."""
         return max(math.ceil(self.sampler.dataset_len / self.current_batch_size), 1)
 
-    # ---------------------------------------------------------------- decisions (rank 0)
-
-    def _default_config(self, k: int) -> BatchConfig:
-        """The smallest configuration reaching M0 within the local bounds."""
-        m0 = self.init_batch_size
-        m, s = -(-m0 // k), 0
-        hi = self.max_local_bsz
-        if hi is not None and m > hi:
-            if not self._accumulation and not self._warned_forced_accum:
-                logger.warning("the initial batch size %d does not fit %d replicas with local batch "
-                               "<= %d; using gradient accumulation although it was not enabled", m0, k, hi)
-                self._warned_forced_accum = True
-            s = -(-m0 // (k * hi)) - 1
-            m = -(-m0 // (k * (s + 1)))
-        return BatchConfig(k, max(m, self.min_local_bsz), s)
-
-    def _step_time(self, ctx: AgentContext, config: BatchConfig) -> tuple[float, int] | None:
-        """Measured (mean step time, steps) of ``config`` on the current nodes, if any."""
-        return ctx.profiler.step_time(ctx.nodes, config.replicas, config.local_bsz, config.accum_steps)
-
-    def _decide(self, ctx: AgentContext, reason: str, *, periodic: bool) -> BatchConfig:
-        """Rank 0's choice of configuration on the current replicas (see :mod:`pollux.torch.decisions`)."""
-        k, nodes = ctx.replicas, ctx.nodes
-        current = self._config if self._config is not None and self._config.replicas == k else None
-        default = self._default_config(k)
-        adp = ctx.adp
-        ready = (self.adaptive and ctx.fit_params is not None and adp is not None and adp.decision_ready)
-        if not ready:
-            choice = current if current is not None and periodic else default
-            if choice != current:
-                why = "fixed batch" if not self.adaptive else "no goodput model yet (statistics not ready)"
-                self._log_change(ctx, current, choice, reason, None, None, note=why)
-            return choice
-        assert ctx.fit_params is not None and adp is not None
-        evidence = adp.evidence()
-        base = current if current is not None else default
-        reference = self._config.batch_size if self._config is not None else self.init_batch_size
-        if not ctx.profiler.has_allocation(nodes, k):
-            # No timed step on this allocation yet: its prediction would be the exploration prior.
-            if current is not None:
-                return current
-            kept = decisions.keep_batch(self.limits(), k, reference) or default
-            self._log_change(ctx, None, kept, reason, None, None,
-                             note="keeping the total batch until this allocation is measured")
-            return kept
-        last = self._last_decision
-        measured_last = None
-        if last is not None and last.config.replicas == k:
-            found = self._step_time(ctx, last.config)
-            measured_last = None if found is None else found[0]
-        here = self._step_time(ctx, base)
-        proposal = decisions.decide(ctx.fit_params, evidence, self.limits(), nodes, base, reference,
-                                    ctx.profiler.max_local_bsz(), last, measured_last, periodic=periodic,
-                                    measured_current_s=None if here is None else here[0])
-        if proposal.note.startswith("throughput model misses"):
-            logger.info("keeping batch size %d: %s [%s]", base.batch_size, proposal.note, reason)
-        if proposal.note and proposal.note.startswith("reversal"):
-            logger.info("keeping batch size %d: %s [%s]", base.batch_size, proposal.note, reason)
-        else:
-            logger.debug("decision round [%s]: %s -> %s, predicted goodput %s, %s; noise scale %.4g from %d "
-                         "estimates", reason, base.to_list(), proposal.config.to_list(),
-                         proposal.predicted_gain, proposal.note, evidence.pgns(self.init_batch_size),
-                         evidence.count)
-        new = proposal.config
-        if new != current:
-            self._log_change(ctx, current, new, reason, proposal.predicted_gain, evidence)
-        return new
-
-    def _log_change(self, ctx: AgentContext, old: BatchConfig | None, new: BatchConfig,
-                    reason: str, change: float | None, evidence: decisions.Evidence | None,
-                    note: str = "") -> None:
-        """Log a change of configuration (rank 0): a sentence and a ``decision {JSON}`` line."""
-        m0 = float(self.init_batch_size)
-        params, nodes = ctx.fit_params, ctx.nodes
-        predicted_new = left_pred = model_new = None
-        left_meas = self._step_time(ctx, old) if old is not None else None
-        if params is not None and evidence is not None:
-            ref = ctx.profiler.max_local_bsz()
-            model_new = predicted_new = decisions.predicted_step_time(params, nodes, new, ref)
-            if old is not None:
-                left_pred = decisions.predicted_step_time(params, nodes, old, ref)
-            if left_meas is not None and left_pred is not None and left_pred > 0:
-                # Anchored to the data: the model's ratio new/left times the measured step time left.
-                predicted_new = model_new * left_meas[0] / left_pred
-        if evidence is not None:
-            self._last_decision = decisions.make_record(
-                new, old if old is not None else self._config, evidence, m0,
-                predicted_new if predicted_new is not None else math.nan)
-        else:
-            self._last_decision = None
-        if ctx.rank != 0:
-            return
-        text = (f"batch size {new.batch_size} (local {new.local_bsz} x {new.micro_steps} micro-step(s) "
-                f"on {new.replicas} replica(s))")
-        if old is not None:
-            text = f"batch size {old.batch_size} -> " + text.split(" ", 2)[2]
-        if change is not None:
-            text += f": predicted goodput {change:+.1%}"
-        if evidence is not None:
-            phi = evidence.pgns(m0)
-            text += (f"; noise scale {phi:.4g} from {evidence.count} unbiased estimates "
-                     f"(sqr {evidence.sqr:.3g} ± {evidence.se_sqr:.2g}, var {evidence.var:.3g} ± "
-                     f"{evidence.se_var:.2g})")
-        if left_meas is not None and left_pred is not None:
-            text += (f"; step time left {left_meas[0] * 1e3:.1f} ms measured vs "
-                     f"{left_pred * 1e3:.1f} ms predicted")
-        logger.info("%s [%s]%s", text, reason, f": {note}" if note else "")
-        adp = ctx.adp
-        decisions.log_decision({
-            "from": old.to_list() if old is not None else None,
-            "to": new.to_list(), "reason": reason, "predicted_gain": change, "note": note,
-            "stats": None if evidence is None else evidence.as_dict(m0),
-            "left": None if old is None else {
-                "config": old.to_list(), "measured_step_s": None if left_meas is None else left_meas[0],
-                "measured_steps": None if left_meas is None else left_meas[1],
-                "predicted_step_s": left_pred},
-            "new_predicted_step_s": predicted_new, "new_model_step_s": model_new,
-            "progress": None if adp is None else adp.progress, "epoch": ctx.epoch_state.epoch})
-
-    def _check_last_decision(self, ctx: AgentContext) -> None:
-        """Once the configuration chosen last was measured, log its step time against the prediction."""
-        last = self._last_decision
-        if last is None or last.checked or last.config.replicas != ctx.replicas:
-            return
-        found = self._step_time(ctx, last.config)
-        if (found is None or found[1] < decisions.CHECK_AFTER_STEPS
-                or not math.isfinite(last.predicted_step_s)):
-            return
-        decisions.log_step_time_check(last.config, last.predicted_step_s, found[0], found[1])
-        self._last_decision = DecisionRecord(last.config, last.direction, last.log_pgns, last.log_pgns_se,
-                                             last.predicted_step_s, checked=True)
-
-    def _apply(self, ctx: AgentContext, choice: BatchConfig | None) -> None:
-        """Every replica takes rank 0's ``choice`` (None on the other ranks) and lowered bound."""
-        mine = [0, 0] if choice is None else [choice.local_bsz, choice.accum_steps]
-        m, s, oom_hi = ctx.broadcast_ints([*mine, self._oom_max_local or 0])
-        self._oom_max_local = oom_hi or None
-        old = self._config
-        self._config = BatchConfig(ctx.replicas, m, s)
-        self._config_key = self._limits_key()
-        if old is not None and old != self._config:
-            ctx.fault_point("change")
-
-    def _ensure_config(self, ctx: AgentContext) -> None:
-        k = ctx.replicas
-        ctx.profiler.note_replicas(k)
-        choice: BatchConfig | None = None
-        if ctx.rank == 0:
-            config = self._config
-            if config is not None and config.replicas == k and self._config_key == self._limits_key():
-                choice = config          # resumed (or re-iterated) with the same replicas
-            else:
-                reason = "start" if config is None else (
-                    f"replicas {config.replicas} -> {k}" if config.replicas != k else "batch limits changed")
-                choice = self._decide(ctx, reason, periodic=False)
-        self._apply(ctx, choice)          # rank 0's choice on every replica
-
-    def _refit(self, ctx: AgentContext) -> None:
-        choice: BatchConfig | None = None
-        if ctx.rank == 0:
-            fit = ctx.profiler.fit(previous=ctx.fit_params)
-            ctx.fitter.mark()
-            if fit is not None and fit.ok:
-                ctx.fit_params = fit.params
-            elif fit is not None:
-                logger.warning("throughput fit failed, keeping the previous model: %s", fit.message)
-            ctx.fault_point("refit")
-            self._check_last_decision(ctx)
-            choice = self._decide(ctx, "periodic refit", periodic=True)
-            self._report_hints(ctx)
-        self._apply(ctx, choice)
+    # ---------------------------------------------------------------- hints
 
     def hints(self) -> dict[str, Any] | None:
         """The hints body this job would report now (None before the first throughput fit)."""
-        ctx = self._ctx
-        if ctx.fit_params is None:
-            return None
-        adp = ctx.adp
-        stats = adp.grad_stats if adp is not None else None
-        hi = self.max_local_bsz
-        return build_hints(
-            ctx.fit_params,
-            stats if stats is not None else {"sqr": 1.0, "var": 1e-6},
-            self.init_batch_size,
-            self.max_batch_size,
-            (self.min_local_bsz, hi if hi is not None else self.max_batch_size),
-            self._accumulation,
-            max(ctx.profiler.max_replicas_seen, ctx.replicas),
-            adp.progress if adp is not None else 0.0,
-            ctx.epoch_state.epoch,
-            balance=None if self._balance.report is None else self._balance.report.as_hints(),
-            gpu_type=ctx.env.gpu_type,
-            types=ctx.type_hints((self.min_local_bsz, hi if hi is not None else self.max_batch_size)),
-        )
-
-    def _report_hints(self, ctx: AgentContext) -> None:
-        if not ctx.reporter.enabled:
-            return
-        try:
-            body = self.hints()
-        except Exception as exc:
-            logger.warning("could not build hints: %s", exc)
-            return
-        if body is not None:
-            ctx.reporter.report_async(body)
-
-    def _handle_oom(self, ctx: AgentContext, local_bsz: int) -> None:
-        lowered = math.floor(local_bsz * OOM_BACKOFF)
-        if lowered < 1 or lowered >= local_bsz:
-            raise RuntimeError(f"out of memory at local batch size {local_bsz}: cannot lower it further")
-        self._oom_max_local = lowered if self._oom_max_local is None else min(self._oom_max_local, lowered)
-        if ctx.rank == 0:
-            logger.warning("out of memory at local batch size %d: upper local batch bound lowered to %d",
-                           local_bsz, lowered)
-        choice = self._decide(ctx, "out of memory", periodic=False) if ctx.rank == 0 else None
-        self._apply(ctx, choice)
-        self._it = None
+        return self.tuner.hints(self._ctx, self._balance.report)
 
     # ---------------------------------------------------------------- iteration
 
@@ -492,7 +248,7 @@ class AdaptiveDataLoader:
             raise RuntimeError("create the AdaptiveDataParallel model before iterating an "
                                "AdaptiveDataLoader")
         ctx.active_loader = self
-        self._ensure_config(ctx)
+        self.tuner.ensure_config(ctx)
         n, m0 = self.dataset_len, self.init_batch_size
         epoch = ctx.epoch_state.epoch
         target = (epoch + 1) * n / m0
@@ -509,7 +265,7 @@ class AdaptiveDataLoader:
                 logger.warning("a whole pass went by without an optimiser step; ending the epoch "
                                "(use a plain DataLoader for evaluation)")
                 return
-            cfg = self._config
+            cfg = self.tuner.config
             assert cfg is not None
             k, m = cfg.replicas, cfg.local_bsz
             bal = self._balance.active(k)
@@ -578,7 +334,8 @@ class AdaptiveDataLoader:
                                          self.max_local_bsz, rank, adp.progress)
                 ctx.balance_report = self._balance.report
             if outcome.oom:                # with unequal shares the largest one ran out of memory
-                self._handle_oom(ctx, max(plan.shares) if plan.shares and plan.full else m)
+                self.tuner.handle_oom(ctx, max(plan.shares) if plan.shares and plan.full else m)
+                self._it = None
             if outcome.sigterm and ctx.registry.enabled:
                 if adp.progress >= target - tol:
                     # The epoch's last step: preempt once the epoch has ended (its end-of-epoch code
@@ -590,7 +347,7 @@ class AdaptiveDataLoader:
                 else:
                     ctx.preempt()
             if outcome.refit:
-                self._refit(ctx)
+                self.tuner.refit(ctx, self._balance.report)
         if not ctx.epoch_state.driver_active:
             ctx.epoch_state.epoch += 1
             ctx.end_epoch()
