@@ -16,7 +16,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
-from pollux.goodput.balance import (
+from pollux.balance.balancers import (
     LastValue,
     MovingAverage,
     NarxPredictor,

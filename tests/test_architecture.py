@@ -17,11 +17,12 @@ SRC = Path(__file__).resolve().parents[1] / "src" / "pollux"
 ALLOWED: dict[str, set[str]] = {
     "contract": set(),
     "goodput": set(),
+    "balance": {"goodput"},
     "hints": {"goodput", "contract"},
     "raylink": {"contract"},
     "policy": {"goodput"},
-    "sim": {"goodput", "policy"},
-    "torch": {"goodput", "hints", "contract"},
+    "sim": {"goodput", "balance", "policy"},
+    "torch": {"goodput", "balance", "hints", "contract"},
     "cluster": {"goodput", "policy", "hints", "contract", "raylink"},
     "litz": {"contract", "hints", "raylink"},
     "scar": {"contract", "litz"},
@@ -31,6 +32,7 @@ ALLOWED: dict[str, set[str]] = {
 FORBIDDEN_THIRD_PARTY: dict[str, set[str]] = {
     "contract": {"torch", "numpy", "ray", "fastapi"},
     "goodput": {"torch", "ray", "fastapi"},
+    "balance": {"torch", "ray", "fastapi"},
     "hints": {"torch", "ray"},
     "raylink": {"torch", "numpy", "fastapi"},
     "policy": {"torch", "ray", "fastapi"},

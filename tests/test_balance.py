@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pollux.goodput.balance import (
+from pollux.balance.balancers import (
     BALANCE_MODES,
     CpuBalancer,
     GpuBalancer,
@@ -453,6 +453,6 @@ def test_narx_bad_load_shape():
 
 def test_balance_modes_are_the_contracts():
     """The agent–service contract (stdlib only) and the balancers (numpy) each spell the modes."""
+    from pollux.balance.balancers import BALANCE_MODES
     from pollux.contract import BALANCE_MODES as CONTRACT_MODES
-    from pollux.goodput.balance import BALANCE_MODES
     assert BALANCE_MODES == CONTRACT_MODES

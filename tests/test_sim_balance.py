@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from pollux.goodput.balance import equal_finish_split
+from pollux.balance.balancers import equal_finish_split
 from pollux.policy.registry import make_policy
 from pollux.sim.balance import balanced_compute_time, slow_node_speeds
 from pollux.sim.engine import ADAPTIVE, SimConfig, SimJob, simulate

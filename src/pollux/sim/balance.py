@@ -13,7 +13,7 @@ profile's exposed ``sync_time``) is not slowed. A synchronous step waits for its
   when no share reaches a bound. Shares are kept within the job's local-batch bounds ``[lo, hi]``
   (memory, the agent's limits): a fast replica cannot take more than ``hi`` and a straggler no
   fewer than ``lo``, so the step takes the longest of the bounded replicas' times
-  (:func:`balanced_compute_time`, with ``pollux.goodput.balance.equal_finish_split``, the same
+  (:func:`balanced_compute_time`, with ``pollux.balance.balancers.equal_finish_split``, the same
   balance point the agent's shares round; shares are continuous here).
 
 The simulated agent observes (and fits its throughput model on) the step times this model gives, so
@@ -27,7 +27,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from pollux.goodput.balance import equal_finish_split
+from pollux.balance.balancers import equal_finish_split
 
 __all__ = ["balanced_compute_time", "check_node_speed", "slow_node_speeds"]
 

@@ -33,7 +33,7 @@ from typing import Any
 
 import numpy as np
 
-from pollux.goodput.splits import proportional_shares
+from pollux.balance.splits import proportional_shares
 
 
 @dataclass(frozen=True, slots=True)

@@ -12,7 +12,7 @@ chose is unchanged) such that all replicas finish their compute together. The pa
 * this module: :class:`LoaderBalance` keeps the shares of one loader, measures this replica's compute
   time (forward + backward up to its last gradient bucket, not the wait for the others), and feeds the
   replicas' times — gathered in the control packet the first gradient bucket already carries, one step
-  late, no extra collective — to a balancer of :mod:`pollux.goodput.balance`. Every replica computes the
+  late, no extra collective — to a balancer of :mod:`pollux.balance.balancers`. Every replica computes the
   same shares from the same gathered numbers (each replica fills only its own slot of a sum, so the
   values are bit-identical everywhere), so no broadcast is needed.
 
@@ -31,14 +31,14 @@ from typing import Any
 
 import numpy as np
 
-from pollux.contract import BALANCE_MODES, ENV_BALANCE
-from pollux.goodput.balance import (
+from pollux.balance.balancers import (
     Balancer,
     CpuBalancer,
     make_balancer,
     proportional_shares,
     stragglers,
 )
+from pollux.contract import BALANCE_MODES, ENV_BALANCE
 from pollux.torch.api import BatchConfig
 
 logger = logging.getLogger("pollux.torch")

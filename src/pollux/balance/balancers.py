@@ -27,13 +27,13 @@ from collections.abc import Callable, Sequence
 import numpy as np
 from numpy.typing import ArrayLike
 
-from pollux.goodput.predictors import (
+from pollux.balance.predictors import (
     LastValue,
     MovingAverage,
     NarxPredictor,
     SpeedPredictor,
 )
-from pollux.goodput.splits import (
+from pollux.balance.splits import (
     _bounds,
     _check_feasible,
     affine_split,

@@ -1,7 +1,7 @@
 """Speed predictors for the CPU balancer (LB-BSP Alg. 1; see ``docs/goodput.md``).
 
 A replica's next sample-processing speed (samples/s) is predicted from its history and, for NARX,
-from exogenous load features observed with each speed. ``pollux.goodput.balance`` re-exports these.
+from exogenous load features observed with each speed. ``pollux.balance.balancers`` re-exports these.
 """
 
 from __future__ import annotations

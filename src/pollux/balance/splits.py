@@ -1,6 +1,6 @@
 """Share arithmetic of LB-BSP (SPEC §10): integer splits of a global batch among replicas.
 
-Pure numpy, no state: the balancers of :mod:`pollux.goodput.balance` (which re-exports the public
+Pure numpy, no state: the balancers of :mod:`pollux.balance.balancers` (which re-exports the public
 names) and the simulator's slow-node model use these. A split is a vector of non-negative integers
 summing to the global batch, each within the replica's local-batch bounds ``[lo_i, hi_i]``.
 
