@@ -30,7 +30,7 @@ from pollux.goodput import (
     t_grad,
     t_sync,
 )
-from pollux.goodput.throughput import (
+from pollux.goodput.throughput_fit import (
     GAMMA_BOUNDS,
     PARAM_CEIL,
     PARAM_FLOOR,

@@ -1,4 +1,4 @@
-"""Tests of the throughput model and its fit (SPEC §3): pollux.goodput.throughput."""
+"""Tests of the throughput model and its fit (SPEC §3): pollux.goodput.throughput and pollux.goodput.throughput_fit."""
 
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ from pollux.goodput import (
     t_sync,
     throughput,
 )
-from pollux.goodput.throughput import INITIAL_PARAMS, PARAM_CEIL, PARAM_FLOOR, fit_objective
+from pollux.goodput.throughput_fit import INITIAL_PARAMS, PARAM_CEIL, PARAM_FLOOR, fit_objective
 
 NAMES = ("alpha_grad", "beta_grad", "alpha_local", "beta_local", "alpha_node", "beta_node", "gamma")
 
@@ -279,7 +279,7 @@ def test_fit_noise_free_single_node_data_is_accurate():
 
 def test_objective_gradient_matches_finite_differences():
     """The analytic gradient L-BFGS-B is fed agrees with central finite differences."""
-    from pollux.goodput.throughput import _Objective
+    from pollux.goodput.throughput_fit import _Objective
 
     rng = np.random.default_rng(7)
     true = ThroughputParams(0.05, 0.002, 0.1, 0.005, 0.3, 0.01, 1.5)

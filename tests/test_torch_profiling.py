@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from pollux.goodput import GradStats, ThroughputParams, t_grad, t_iter
-from pollux.goodput.throughput import fit_objective
+from pollux.goodput.throughput_fit import fit_objective
 from pollux.hints import build_hints, load_schema
 from pollux.torch.profiling import PeriodicFitter, StepProfiler
 from pollux.torch.reporting import HintReporter

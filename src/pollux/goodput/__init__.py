@@ -33,13 +33,15 @@ from pollux.goodput.model import (
 )
 from pollux.goodput.records import GradStats, ThroughputParams
 from pollux.goodput.throughput import (
-    ThroughputFit,
-    exploration_priors,
-    fit_throughput,
     t_grad,
     t_iter,
     t_sync,
     throughput,
+)
+from pollux.goodput.throughput_fit import (
+    ThroughputFit,
+    exploration_priors,
+    fit_throughput,
 )
 
 __all__ = [

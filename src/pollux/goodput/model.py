@@ -18,8 +18,7 @@ from numpy.typing import ArrayLike
 from pollux.goodput.efficiency import efficiency as _efficiency
 from pollux.goodput.records import GradStats, ThroughputParams, check_number
 from pollux.goodput.threads import one_blas_thread
-from pollux.goodput.throughput import _overlap as overlap
-from pollux.goodput.throughput import t_grad, t_iter, t_sync
+from pollux.goodput.throughput import overlap, t_grad, t_iter, t_sync
 
 #: Number of geometrically spaced total-batch candidates per allocation.
 NUM_CANDIDATES = 50
