@@ -10,17 +10,11 @@ import numpy as np
 import pytest
 
 from pollux.sim.engine import JobResult, SimConfig, SimResult
+from pollux.sim.fairness import finish_time_fairness, isolated_jct, isolated_share, packed_placement
+from pollux.sim.plots import write_plots
 from pollux.sim.profiles import AppMeta, load_profile
-from pollux.sim.report import (
-    finish_time_fairness,
-    format_table,
-    isolated_jct,
-    isolated_share,
-    packed_placement,
-    summarize,
-    to_json,
-    write_plots,
-)
+from pollux.sim.report import summarize, to_json
+from pollux.sim.table import format_table
 
 # ------------------------------------------------------------------------------------------------
 # Hand-made results

@@ -1,4 +1,4 @@
-"""Tests of the throughput model and its fit (SPEC §3): pollux.goodput.throughput and pollux.goodput.throughput_fit."""
+"""Tests of the throughput model and its fit (SPEC §3): pollux.goodput.throughput, throughput_fit."""
 
 from __future__ import annotations
 

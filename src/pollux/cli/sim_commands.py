@@ -102,13 +102,15 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     from pollux.sim import defaults
     from pollux.sim.balance import slow_node_speeds
     from pollux.sim.engine import SimConfig, sia_slowdown
+    from pollux.sim.fairness import finish_time_fairness
     from pollux.sim.hetero_report import (
         add_type_json,
         format_type_table,
         typed_finish_time_fairness,
         write_type_plots,
     )
-    from pollux.sim.report import finish_time_fairness, format_table, to_json, write_plots
+    from pollux.sim.plots import write_plots
+    from pollux.sim.report import to_json
     from pollux.sim.runner import (
         RunSpec,
         _profiles,
@@ -117,6 +119,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         stdout_to_stderr,
         typed_profiles,
     )
+    from pollux.sim.table import format_table
     from pollux.sim.workload import read_workload
 
     profiles_dir = _profiles_dir(args.profiles)

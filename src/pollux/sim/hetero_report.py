@@ -15,8 +15,10 @@ import numpy as np
 
 from pollux.policy.base import Cluster
 from pollux.sim.engine import TYPE_SERIES, SimResult
+from pollux.sim.fairness import isolated_jct, isolated_share
+from pollux.sim.plots import file_safe
 from pollux.sim.profiles import AppProfile
-from pollux.sim.report import _render, _safe, isolated_jct, isolated_share
+from pollux.sim.table import render_rows
 
 __all__ = ["format_type_table", "type_summary", "typed_finish_time_fairness", "write_type_plots"]
 
@@ -66,9 +68,9 @@ def typed_finish_time_fairness(result: SimResult, typed_profiles: dict[str, dict
                                ) -> SimResult:
     """Fill ``rho = JCT / JCT_iso`` with the isolated JCT on the job's best type (in place).
 
-    The share is :func:`pollux.sim.report.isolated_share` of the whole cluster, capped by the type's
+    The share is :func:`pollux.sim.fairness.isolated_share` of the whole cluster, capped by the type's
     GPUs; the speed factor of the run's ``slowdown`` applies; one start delay is added as in
-    :func:`pollux.sim.report.finish_time_fairness`. Jobs with no feasible type keep ``rho = None``.
+    :func:`pollux.sim.fairness.finish_time_fairness`. Jobs with no feasible type keep ``rho = None``.
     """
     cluster = _cluster(result)
     start_delay = float(result.config.restart_delay)
@@ -94,7 +96,7 @@ def format_type_table(results: Sequence[SimResult]) -> str:
     if not rows:
         return ""
     header = ["workload", "policy", "type", "GPUs", "GPU-h", "GPU-h/job", "utilisation"]
-    return "\n".join(["Per GPU type", *_render(header, rows, left=3)])
+    return "\n".join(["Per GPU type", *render_rows(header, rows, left=3)])
 
 
 def add_type_json(data: dict[str, Any], results: Sequence[SimResult]) -> dict[str, Any]:
@@ -134,7 +136,7 @@ def write_type_plots(results: Sequence[SimResult], out_dir: Path | str) -> list[
         ax.legend(loc="upper right")
         ax.grid(True, alpha=0.3)
         fig.tight_layout()
-        path = out / f"gpus-by-type-{_safe(r.workload)}-{_safe(r.policy)}.png"
+        path = out / f"gpus-by-type-{file_safe(r.workload)}-{file_safe(r.policy)}.png"
         fig.savefig(path)
         written.append(path)
     return written

@@ -27,7 +27,7 @@ TunedJobs configurations (:func:`tuned_configs`), computed from the application'
   local batch ``m = ⌈B / (r(s+1))⌉ ≤ max_local_bsz``, ``s ≥ 1`` on one GPU above M0, effective batch
   ``M = r·m·(s+1)``); ``T_iter = step + s·(step − sync)`` from the profile, and epoch ``e`` advances at
   ``gain(M/M0, sqr_e, var_e) / T_iter`` with the profile's statistics for that epoch and batch — like
-  :func:`pollux.sim.report.isolated_jct`, but with the batch fixed. No restarts or restart delay. A pair
+  :func:`pollux.sim.fairness.isolated_jct`, but with the batch fixed. No restarts or restart delay. A pair
   is infeasible (JCT = ∞) when ``m < min_local_bsz`` or the profile has no step time for it.
 * The **best batch** for ``r`` replicas is the B among the application's validated batch sizes (its
   ``validation-<B>.csv`` files) with the smallest ``JCT(r, B)`` — equivalently the highest job-average
@@ -63,8 +63,8 @@ from pollux.goodput import gain
 from pollux.goodput.records import check_number
 from pollux.sim.csvrows import read_rows
 from pollux.sim.engine import fixed_batch_config
+from pollux.sim.fairness import packed_placement
 from pollux.sim.profiles import AppProfile
-from pollux.sim.report import packed_placement
 from pollux.sim.workload import WorkloadJob
 
 __all__ = [
