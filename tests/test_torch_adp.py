@@ -270,11 +270,11 @@ def test_one_replica_without_accumulation_is_marked_biased(agent) -> None:
 def test_adam_preconditioner_follows_the_optimizer_state(agent) -> None:
     _, _, model, opt, adp, _ = run_noise(m0=16, steps=12, accum_bound=4, optimizer="adam")
     tracker = adp._tracker
-    assert tracker.pc_active
+    assert tracker.preconditioner.active
     state = opt.state[model.w]
     vhat = state["exp_avg_sq"] / (1 - 0.999 ** float(state["step"]))
     expected = 1.0 / (vhat.sqrt() + 1e-8) ** 2
-    assert torch.allclose(tracker.param_pc2[id(model.w)], expected, rtol=1e-5)
+    assert torch.allclose(tracker.bucket_layouts.param_pc2[id(model.w)], expected, rtol=1e-5)
     assert not adp.biased_stats and math.isfinite(adp.pgns)
 
 

@@ -1,10 +1,10 @@
 """Gradient-noise statistics of one training job, measured from DDP's gradient buckets (SPEC §2).
 
 ``GradTracker`` is the measuring half of :class:`~pollux.torch.parallel.AdaptiveDataParallel`: it
-keeps, per gradient bucket, a layout of which runs of the flat buffer belong to which optimiser
-parameter group (keyed on the buffer and its parameters, so a bucket DDP rebuilt is never read with
-a stale layout), the Adam pre-conditioner flattened per bucket, the per-step local and total squared
-norms, and the control packet that rides on the first bucket's all-reduce. From those it gives the
+reads each gradient bucket through its layout (which runs of the flat buffer belong to which
+optimiser parameter group: :mod:`pollux.torch.grad_layouts`), weighs it with the Adam
+pre-conditioner (:mod:`pollux.torch.adam_preconditioner`), and keeps the per-step local and total
+squared norms and the control packet that rides on the first bucket's all-reduce. From those it gives the
 unbiased (or, for one replica without accumulation, differenced) estimates of (sqr, var), smoothed
 per group, and the weighted moments behind their standard errors (``Evidence``). The DDP hook that
 feeds it lives with the wrapper in :mod:`pollux.torch.parallel`.
@@ -28,48 +28,14 @@ from pollux.goodput import (
     estimate_from_norms,
 )
 from pollux.goodput.efficiency import estimate_unequal
+from pollux.torch.adam_preconditioner import AdamPreconditioner
 from pollux.torch.api import StepInfo, SyncOutcome
 from pollux.torch.decisions import Evidence
+from pollux.torch.grad_layouts import BucketLayout, BucketLayouts
 from pollux.torch.moments import Moments
 
 if TYPE_CHECKING:
     from pollux.torch.context import AgentContext
-
-#: The Adam pre-conditioner is used once the optimiser has taken this many steps (SPEC §2).
-PRECOND_MIN_STEPS = 5
-
-
-def _adam_like(optimizer: torch.optim.Optimizer) -> bool:
-    if isinstance(optimizer, torch.optim.Adam | torch.optim.AdamW):
-        return True
-    name = type(optimizer).__name__.lower()
-    return name.startswith("adam") and all("betas" in g and "eps" in g for g in optimizer.param_groups)
-
-
-class _Layout:
-    """Where each parameter's gradient lies in one DDP bucket, grouped in runs of one param group."""
-
-    __slots__ = ("key", "numel", "pc2", "pc_sources", "pc_version", "prev", "prev_sid", "result",
-                 "result_sid", "runs", "scratch", "send", "spans")
-
-    def __init__(self, key: tuple[Any, ...], numel: int, spans: list[tuple[torch.Tensor, int, int, int]],
-                 runs: list[tuple[int, int, int, list[torch.Tensor]]]) -> None:
-        self.key = key
-        self.numel = numel
-        self.spans = spans          # (param, offset, numel, group)
-        self.runs = runs            # (start, end, group, params) with group >= 0
-        self.pc2: torch.Tensor | None = None
-        self.pc_version = -1
-        self.pc_sources: list[tuple[list[torch.Tensor], tuple[int, ...]] | None] = [None] * len(runs)
-        self.prev: torch.Tensor | None = None
-        self.prev_sid = -10
-        self.result: torch.Tensor | None = None     # the reduced (averaged) bucket of step result_sid
-        self.result_sid = -10
-        # Reused buffers (a fresh bucket-sized allocation every step costs page faults): products
-        # with the pre-conditioner, and the first bucket's copy with the packet appended.
-        self.scratch: torch.Tensor | None = None
-        self.send: torch.Tensor | None = None
-
 
 @dataclass(slots=True)
 class _Pending:
@@ -103,10 +69,8 @@ class GradTracker:
         self.device = device
         self.process_group = process_group
         self.num_groups = len(optimizer.param_groups)
-        self.group_of: dict[int, int] = {}
-        for gi, group in enumerate(optimizer.param_groups):
-            for p in group["params"]:
-                self.group_of[id(p)] = gi
+        self.preconditioner = AdamPreconditioner(optimizer)
+        self.bucket_layouts = BucketLayouts(optimizer, with_preconditioner=self.preconditioner.adam)
         self.states = [GradNoiseState() for _ in range(self.num_groups)]
         self.measured = [False] * self.num_groups
         self.updates = 0
@@ -114,13 +78,6 @@ class GradTracker:
         self.moments = Moments()
         self.micro_weights: tuple[float, ...] | None = None
         self.sent_progress = 0.0
-        self.adam = _adam_like(optimizer)
-        self.pc_active = False
-        self.pc_version = 0
-        self.pc_groups: list[tuple[float, float, str] | None] = [None] * self.num_groups
-        self.layouts: dict[int, _Layout] = {}
-        self.seen_buckets: set[int] = set()
-        self.param_pc2: dict[int, torch.Tensor] = {}
         #: The agent context: the control flags sent with each step and the progress to compare.
         self.ctx: AgentContext | None = None
         # Per step.
@@ -203,7 +160,7 @@ class GradTracker:
         self.pending = None
         self.diff_ok = True
         self.step_invalid = False
-        self.seen_buckets = set()
+        self.bucket_layouts.start_step()
 
     def _register_micro_hooks(self) -> None:
         for gi, group in enumerate(self.optimizer.param_groups):
@@ -224,8 +181,8 @@ class GradTracker:
                 g = grad.reshape(-1)
                 if g.dtype not in (torch.float32, torch.float64):
                     g = g.float()
-                if self.pc_active:
-                    pc = self.param_pc2.get(pid)
+                if self.preconditioner.active:
+                    pc = self.bucket_layouts.param_pc2.get(pid)
                     if pc is None:
                         self.step_invalid = True   # layout not known yet: no consistent P this step
                         value = torch.dot(g, g)
@@ -240,117 +197,23 @@ class GradTracker:
 
     # ---------------------------------------------------------------- bucket layouts
 
-    def layout(self, bucket: Any) -> _Layout:
-        buf = bucket.buffer()
-        # The parameters' identities are part of the key: when DDP rebuilds its buckets after the
-        # first iteration (in gradient-ready order), the new buffer may reuse the old one's address,
-        # and a layout keyed on the address alone would map gradients to the wrong parameters (and
-        # the Adam pre-conditioner to the wrong entries) on that replica only.
-        key = (buf.data_ptr(), buf.numel(), tuple(id(p) for p in bucket.parameters()))
-        idx = bucket.index()
-        self.seen_buckets.add(idx)
-        lay = self.layouts.get(idx)
-        if lay is None or lay.key != key:
-            lay = self._build_layout(bucket, buf, key)
-            self.layouts[idx] = lay
-        if self.pc_active and lay.pc_version != self.pc_version:
-            self._refresh_layout_pc(lay)
+    def layout(self, bucket: Any) -> BucketLayout:
+        """The bucket's layout (:mod:`pollux.torch.grad_layouts`), its pre-conditioner up to date."""
+        lay, built = self.bucket_layouts.get(bucket)
+        if built:
+            for _, _, gi, _ in lay.runs:
+                self.measured[gi] = True
+        self.preconditioner.refresh_if_stale(lay)
         return lay
-
-    def _build_layout(self, bucket: Any, buf: torch.Tensor, key: tuple[Any, ...]) -> _Layout:
-        base, esize, total = buf.data_ptr(), buf.element_size(), buf.numel()
-        spans = []
-        running = 0
-        for p, g in zip(bucket.parameters(), bucket.gradients(), strict=True):
-            n = g.numel()
-            off = (g.data_ptr() - base) // esize if g.is_contiguous() else -1
-            if not (0 <= off and off + n <= total):
-                off = running
-            running += n
-            spans.append((p, int(off), int(n), self.group_of.get(id(p), -1)))
-        spans.sort(key=lambda s: s[1])
-        runs: list[tuple[int, int, int, list[torch.Tensor]]] = []
-        for p, off, n, gi in spans:
-            if gi < 0:
-                continue
-            if runs and runs[-1][2] == gi and runs[-1][1] == off:
-                start, _, _, params = runs[-1]
-                params.append(p)
-                runs[-1] = (start, off + n, gi, params)
-            else:
-                runs.append((off, off + n, gi, [p]))
-        for _, _, gi, _ in runs:
-            self.measured[gi] = True
-        lay = _Layout(key, total, spans, runs)
-        if self.adam:
-            lay.pc2 = torch.ones(total, dtype=torch.float32, device=buf.device)
-            for p, off, n, gi in spans:
-                if gi >= 0:
-                    self.param_pc2[id(p)] = lay.pc2[off:off + n]
-        return lay
-
-    # ---------------------------------------------------------------- the Adam pre-conditioner
 
     def after_optimizer_step(self) -> None:
-        """Refresh the pre-conditioner from the optimiser state (Adam family only)."""
-        if not self.adam:
-            return
-        steps = []
-        for gi, group in enumerate(self.optimizer.param_groups):
-            info = None
-            for p in group["params"]:
-                st = self.optimizer.state.get(p)
-                if st and "step" in st:
-                    t = float(st["step"])
-                    beta2 = float(group["betas"][1])
-                    bc2 = 1.0 - beta2 ** t if t > 0 else 1.0
-                    key = "max_exp_avg_sq" if group.get("amsgrad", False) else "exp_avg_sq"
-                    info = (1.0 / bc2, float(group["eps"]), key)
-                    steps.append(t)
-                    break
-            self.pc_groups[gi] = info
-        active = bool(steps) and min(steps) >= PRECOND_MIN_STEPS
-        if not active:
-            self.pc_active = False
-            return
-        self.pc_active = True
-        self.pc_version += 1
-        for lay in self.layouts.values():
-            self._refresh_layout_pc(lay)
-
-    def _refresh_layout_pc(self, lay: _Layout) -> None:
-        if lay.pc2 is None:
-            return
-        state = self.optimizer.state
-        for ri, (start, end, gi, params) in enumerate(lay.runs):
-            info = self.pc_groups[gi]
-            seg = lay.pc2[start:end]
-            if info is None:
-                seg.fill_(1.0)
-                continue
-            inv_bc2, eps, key = info
-            cached = lay.pc_sources[ri]
-            first = state.get(params[0], {}).get(key)
-            last = state.get(params[-1], {}).get(key)
-            if cached is None or cached[1] != (id(first), id(last)):
-                views = []
-                complete = True
-                for p in params:
-                    src = state.get(p, {}).get(key)
-                    if src is None:
-                        complete = False
-                        src = torch.zeros_like(p, dtype=torch.float32)
-                    views.append(src.reshape(-1))
-                cached = (views, (id(first), id(last)) if complete else (-1, -1))
-                lay.pc_sources[ri] = cached
-            torch.cat([v.to(seg.dtype) for v in cached[0]], out=seg)
-            seg.mul_(inv_bc2).sqrt_().add_(eps).reciprocal_().square_()
-        lay.pc_version = self.pc_version
+        """Refresh the Adam pre-conditioner from the optimiser state (Adam family only)."""
+        self.preconditioner.after_optimizer_step(self.bucket_layouts.layouts.values())
 
     # ---------------------------------------------------------------- inside the hook
 
     @staticmethod
-    def _sqnorm(x: torch.Tensor, pc2: torch.Tensor | None, lay: _Layout | None = None,
+    def _sqnorm(x: torch.Tensor, pc2: torch.Tensor | None, lay: BucketLayout | None = None,
                 start: int = 0) -> torch.Tensor:
         """``|x|²``, or ``x·(P²x)`` with the pre-conditioner (the product goes to ``lay.scratch``)."""
         if x.dtype not in (torch.float32, torch.float64):
@@ -366,14 +229,14 @@ class GradTracker:
         torch.mul(x, pc2, out=tmp)
         return torch.dot(x, tmp)
 
-    def local_norms(self, lay: _Layout, buf: torch.Tensor) -> None:
-        pc2 = lay.pc2 if self.pc_active else None
+    def local_norms(self, lay: BucketLayout, buf: torch.Tensor) -> None:
+        pc2 = self.preconditioner.pc2_of(lay)
         for start, end, gi, _ in lay.runs:
             self.local_acc[gi] += self._sqnorm(buf[start:end], None if pc2 is None else pc2[start:end],
                                                lay, start)
 
-    def total_norms(self, lay: _Layout, out: torch.Tensor, sid: int) -> None:
-        pc2 = lay.pc2 if self.pc_active else None
+    def total_norms(self, lay: BucketLayout, out: torch.Tensor, sid: int) -> None:
+        pc2 = self.preconditioner.pc2_of(lay)
         if self.mode == "diff":
             if lay.prev is not None and lay.prev_sid == sid - 1:
                 for start, end, gi, _ in lay.runs:
@@ -433,11 +296,9 @@ class GradTracker:
         if self.outcome is not None and self.outcome_sid == info.sid:
             return self.outcome
         outcome = SyncOutcome()
-        if self.seen_buckets:     # forget layouts of buckets DDP no longer has (after a rebuild)
-            for idx in [i for i in self.layouts if i not in self.seen_buckets]:
-                del self.layouts[idx]
+        self.bucket_layouts.prune()
         if self.mode != "off" and not self.totals_in_callback:
-            for lay in list(self.layouts.values()):
+            for lay in list(self.bucket_layouts.layouts.values()):
                 if lay.result_sid == info.sid and lay.result is not None:
                     self.total_norms(lay, lay.result, info.sid)
                     lay.result = None
