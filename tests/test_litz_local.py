@@ -222,3 +222,22 @@ def test_finish_drains_queued_tasks_without_the_driver() -> None:
     assert summary.tasks_completed == 3  # the two queued tasks still ran
     assert summary.final == {"handled": 1, "ps": 11.0}
     assert summary.metrics == []
+
+
+def test_the_public_face_exports_the_api_and_imports_ray_only_for_the_ray_runner() -> None:
+    """``pollux.litz`` names what an application and a program need; an application module that
+    imports it does not pay for Ray, and the Ray runner is the same object as the runtime's."""
+    import subprocess
+    import sys
+
+    code = ("import sys, pollux.litz as litz\n"
+            "assert 'ray' not in sys.modules, 'importing pollux.litz imported Ray'\n"
+            "from pollux.litz.api import Application\n"
+            "assert litz.Application is Application and litz.run_local.__module__ == 'pollux.litz.local'\n"
+            "assert 'ray' not in sys.modules\n"
+            "from pollux.litz.runtime import LitzRuntime\n"
+            "assert litz.LitzRuntime is LitzRuntime\n"
+            "missing = [n for n in litz.__all__ if not hasattr(litz, n)]\n"
+            "assert not missing, missing\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
