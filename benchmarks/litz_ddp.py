@@ -7,7 +7,7 @@ Usage:
 `benchmarks/litz.py` imports `run_ddp(DdpConfig(...))` and sets the same data and batch as its Litz
 MLR run, so the examples/s ratio compares runtimes, not models:
 
-- the same data: `pollux.litz.apps.data.gaussian_mixture(n, d, classes, seed, separation)`, split
+- the same data: `pollux.datasets.gaussian_mixture(n, d, classes, seed, separation)`, split
   over the processes like Litz's executors (`partition`: strided rows);
 - the same model and step: multinomial logistic regression (`torch.nn.Linear(d, classes)`, weights
   and bias starting at zero, like the Litz table) with mean cross-entropy and plain SGD; DDP averages
@@ -110,7 +110,7 @@ def _worker(rank: int, cfg: DdpConfig, rendezvous: str, results: Any) -> None:
         import torch.nn.functional as F
         from torch.nn.parallel import DistributedDataParallel
 
-        from pollux.litz.apps.data import gaussian_mixture, partition
+        from pollux.datasets import gaussian_mixture, partition
 
         phases["imported"] = time.time()
         torch.set_num_threads(1)

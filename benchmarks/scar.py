@@ -4,7 +4,7 @@
 Usage:
     benchmarks/scar.py [--json] [--trials 100] [--seed 0] [--models mlr,mf,lda,cnn] [--plots DIR]
 
-For every model, `pollux.scar.sweep.model_sweep` runs the points of thesis Figs. 5.7 and 5.9 with
+For every model, `pollux.scar.rework.sweep.model_sweep` runs the points of thesis Figs. 5.7 and 5.9 with
 `--trials` seeded trials each (failure at a geometric iteration, a random fraction of the blocks
 lost, rework = extra iterations to the unperturbed run's convergence threshold) and checks:
 
@@ -16,7 +16,7 @@ lost, rework = extra iterations to the unperturbed run's convergence threshold) 
   rework non-increasing as 1/r goes 1, 2, 4, 8; random (r = 1/8) not better than full checkpoints
   (both with partial recovery; "not better" = not below full's mean minus its 95 % interval).
 
-Then the two theorems (`pollux.scar.theory`): Theorem 5.4.2 (mean ‖δ′‖² / ‖δ‖² equals the lost
+Then the two theorems (`pollux.scar.rework.theory`): Theorem 5.4.2 (mean ‖δ′‖² / ‖δ‖² equals the lost
 fraction ± 0.05) and Theorem 5.3.1 (no trial's rework on a quadratic program exceeds the bound).
 
 Prints one JSON object with `--json` (progress on stderr); a failed target is reported as measured.
@@ -42,7 +42,7 @@ DEFAULT_MODELS = ("mlr", "mf", "lda", "cnn")
 
 
 def theorems(trials: int, seed: int, say: Any) -> dict[str, Any]:
-    """Theorem 5.4.2 and Theorem 5.3.1 checks (see `pollux.scar.theory`)."""
+    """Theorem 5.4.2 and Theorem 5.3.1 checks (see `pollux.scar.rework.theory`)."""
     from pollux.scar import theory
 
     t0 = time.perf_counter()
@@ -71,8 +71,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--plots", default=None, metavar="DIR", help="write recovery.png and strategies.png")
     args = ap.parse_args(argv)
 
-    from pollux.scar.models.registry import MODELS, make_model
-    from pollux.scar.sweep import model_sweep
+    from pollux.scar.rework.models.registry import MODELS, make_model
+    from pollux.scar.rework.sweep import model_sweep
 
     names = [n for n in args.models.split(",") if n]
     unknown = [n for n in names if n not in MODELS]
@@ -87,7 +87,7 @@ def main(argv: list[str] | None = None) -> int:
     theory = theorems(args.trials, args.seed, say)
     plots: list[str] = []
     if args.plots:
-        from pollux.scar.plots import write_plots
+        from pollux.scar.rework.plots import write_plots
 
         plots = [str(p) for p in write_plots(sweeps, args.plots)]
     result = {

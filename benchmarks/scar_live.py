@@ -95,7 +95,7 @@ def run(sz: Sizes, mode: str, threshold: float | None, workdir: str) -> dict[str
     from pollux.litz.apps.mlr import mlr_app
     from pollux.litz.records import RuntimeConfig
     from pollux.litz.runtime import LitzRuntime
-    from pollux.scar.controller import ScarConfig, ScarController
+    from pollux.scar.live.controller import ScarConfig, ScarController
 
     ipe = sz.iters_per_epoch
     tasks_per_epoch = ipe * sz.executors

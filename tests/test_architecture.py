@@ -16,6 +16,7 @@ SRC = Path(__file__).resolve().parents[1] / "src" / "pollux"
 #: Part → the Pollux parts it may import (itself always allowed). Lazy imports inside functions count.
 ALLOWED: dict[str, set[str]] = {
     "contract": set(),
+    "datasets": set(),
     "goodput": set(),
     "balance": {"goodput"},
     "hints": {"goodput", "contract"},
@@ -24,13 +25,14 @@ ALLOWED: dict[str, set[str]] = {
     "sim": {"goodput", "balance", "policy"},
     "torch": {"goodput", "balance", "hints", "contract"},
     "cluster": {"goodput", "policy", "hints", "contract", "raylink"},
-    "litz": {"contract", "hints", "raylink"},
-    "scar": {"contract", "litz"},
+    "litz": {"contract", "datasets", "hints", "raylink"},
+    "scar": {"contract", "datasets", "litz"},
     "cli": {"goodput", "policy", "sim", "cluster", "hints", "contract", "raylink", "litz", "scar"},
 }
 #: Third-party packages a part must never import: the service and the core run without torch.
 FORBIDDEN_THIRD_PARTY: dict[str, set[str]] = {
     "contract": {"torch", "numpy", "ray", "fastapi"},
+    "datasets": {"torch", "ray", "fastapi"},
     "goodput": {"torch", "ray", "fastapi"},
     "balance": {"torch", "ray", "fastapi"},
     "hints": {"torch", "ray"},

@@ -129,7 +129,7 @@ def test_bad_input_is_one_line_naming_the_key(capsys, argv, needle):
 
 def test_key_tables_cover_every_key_the_apps_read():
     """The command's typed key tables must not drift from what the applications read."""
-    import pollux.litz.apps.data as data_mod
+    import pollux.datasets as data_mod
     import pollux.litz.apps.lda as lda_mod
     import pollux.litz.apps.mlr as mlr_mod
     from pollux.cli.litz_commands import LDA_KEYS, MLR_KEYS

@@ -7,9 +7,9 @@ from typing import Any
 import numpy as np
 import pytest
 
+from pollux.datasets import synthetic_lda_corpus
 from pollux.litz.api import Application, DriverContext, TaskResult
 from pollux.litz.apps.corpus import STOP_WORDS, load_offline_corpus
-from pollux.litz.apps.data import synthetic_lda_corpus
 from pollux.litz.apps.lda import (
     LDADriver,
     LDAExecutor,

@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from pollux.litz.apps.data import gaussian_mixture, load_classification, partition
+from pollux.datasets import gaussian_mixture, load_classification, partition
 from pollux.litz.apps.mlr import loss_and_grad, mlr_app, numpy_sgd_reference, task_step, with_bias
 from pollux.litz.local import LocalSummary, run_local
 

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from pollux.scar.api import BlockLayout, Protocol, ReworkModel, ScarError
-from pollux.scar.experiment import (
+from pollux.scar.rework.experiment import (
     checkpoint_trials,
     failure_iterations,
     lost_blocks,

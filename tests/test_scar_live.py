@@ -18,7 +18,7 @@ ray = pytest.importorskip("ray")
 import litz_helpers as h  # noqa: E402
 from pollux.litz.apps.mlr import mlr_app  # noqa: E402
 from pollux.litz.runtime import LitzRuntime  # noqa: E402
-from pollux.scar.controller import ScarConfig, ScarController  # noqa: E402
+from pollux.scar.live.controller import ScarConfig, ScarController  # noqa: E402
 
 MLR = dict(
     dataset="gaussian",
@@ -99,7 +99,7 @@ def _run(
 def test_running_copy_distances_and_update():
     from pollux.litz.ps import ShardState
     from pollux.scar.api import ScarError
-    from pollux.scar.running import RunningCopy
+    from pollux.scar.live.running import RunningCopy
 
     rows, vals = np.array([9, 2, 5]), np.array([[9.0, 0.0], [2.0, 0.0], [5.0, 0.0]])
     state = ShardState({"W": (rows, vals)})

@@ -19,14 +19,14 @@ import numpy as np
 import pytest
 
 from pollux.scar.api import ScarError
-from pollux.scar.running import RunningCopy, row_distances, tv_length_distance
+from pollux.scar.live.running import RunningCopy, row_distances, tv_length_distance
 
 ray = pytest.importorskip("ray")
 
 import litz_helpers as h  # noqa: E402
 from pollux.litz.apps.lda import lda_app  # noqa: E402
 from pollux.litz.runtime import LitzRuntime  # noqa: E402
-from pollux.scar.controller import ScarConfig, ScarController  # noqa: E402
+from pollux.scar.live.controller import ScarConfig, ScarController  # noqa: E402
 
 LDA = dict(num_topics=5, true_topics=5, num_docs=120, vocab_size=60, doc_length=40, epochs=6, seed=1)
 EXECUTORS = 3

@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 
 from pollux.scar.api import Protocol, ReworkModel, ScarError, State, apply_blocks
-from pollux.scar.experiment import recovery_trials, unperturbed
-from pollux.scar.models import cnn, lda
-from pollux.scar.models.registry import make_model
+from pollux.scar.rework.experiment import recovery_trials, unperturbed
+from pollux.scar.rework.models import cnn, lda
+from pollux.scar.rework.models.registry import make_model
 
 
 @pytest.fixture(scope="module")

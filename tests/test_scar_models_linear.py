@@ -1,4 +1,4 @@
-"""The pure-numpy rework models QP, MLR and MF (pollux.scar.models.{qp,mlr,mf}).
+"""The pure-numpy rework models QP, MLR and MF (pollux.scar.rework.models.{qp,mlr,mf}).
 
 What the harness relies on: training lowers the loss, a step is a deterministic function of the
 state and the iteration number applied to each trial on its own, and every row of every blocked
@@ -14,9 +14,9 @@ import numpy as np
 import pytest
 
 from pollux.scar.api import ReworkModel, ScarError
-from pollux.scar.experiment import checkpoint_trials, recovery_trials, unperturbed
-from pollux.scar.models import mf, mlr, qp
-from pollux.scar.models.registry import make_model
+from pollux.scar.rework.experiment import checkpoint_trials, recovery_trials, unperturbed
+from pollux.scar.rework.models import mf, mlr, qp
+from pollux.scar.rework.models.registry import make_model
 
 SMALL = {
     "qp": lambda: qp.make(dim=32, blocks=16),

@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 from pollux.scar.api import ScarError
-from pollux.scar.store import RunningStore, TableInfo
+from pollux.scar.live.store import RunningStore, TableInfo
 
 SHAPES = {"a": (3000, 24), "b": (400, 3)}
 SAVES = 40
@@ -59,7 +59,7 @@ CHILD = textwrap.dedent(
     import sys
     sys.path.insert(0, {tests!r})
     import test_scar_store as T
-    from pollux.scar.store import RunningStore
+    from pollux.scar.live.store import RunningStore
     store = RunningStore(sys.argv[1], T._tables(), compact_every=3)
     print("ready", flush=True)
     for i in range(T.SAVES):

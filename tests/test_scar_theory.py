@@ -1,4 +1,4 @@
-"""Theorems 5.3.1 and 5.4.2 checked numerically (pollux.scar.theory).
+"""Theorems 5.3.1 and 5.4.2 checked numerically (pollux.scar.rework.theory).
 
 Theorem 5.3.1 on gradient descent on a quadratic program: no trial's rework may exceed its bound,
 and the bound must not be vacuous — perturbations pointing away from the optimum meet it (the
@@ -15,8 +15,8 @@ import numpy as np
 import pytest
 
 from pollux.scar.api import BlockLayout, ScarError
-from pollux.scar.models import mlr
-from pollux.scar.theory import (
+from pollux.scar.rework.models import mlr
+from pollux.scar.rework.theory import (
     block_perturbation_ratio,
     bound_qp,
     perturbation_ratio,

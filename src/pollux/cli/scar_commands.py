@@ -29,7 +29,7 @@ unit_fraction = _typed("fraction", _parse_fraction, lambda v: 0 < v <= 1, "a num
 def add_scar_commands(sub: Any) -> None:
     """Add ``scar experiment`` and ``scar models`` to the subcommands ``sub``."""
     from pollux.scar.api import STRATEGIES
-    from pollux.scar.models.registry import MODELS
+    from pollux.scar.rework.models.registry import MODELS
 
     p = sub.add_parser(
         "scar", help="SCAR rework-cost experiments (partial recovery, prioritised checkpoints)",
@@ -66,7 +66,7 @@ def add_scar_commands(sub: Any) -> None:
 
 
 def _models(args: argparse.Namespace) -> int:
-    from pollux.scar.models.registry import MODELS
+    from pollux.scar.rework.models.registry import MODELS
 
     for name, (_module, what) in MODELS.items():
         print(f"{name:<5} {what}")
@@ -74,7 +74,7 @@ def _models(args: argparse.Namespace) -> int:
 
 
 def _names(args: argparse.Namespace) -> list[str]:
-    from pollux.scar.models.registry import MODELS
+    from pollux.scar.rework.models.registry import MODELS
 
     names = args.model or ["mlr"]
     if "all" in names:
@@ -87,8 +87,8 @@ def _names(args: argparse.Namespace) -> list[str]:
 
 def _experiment(args: argparse.Namespace) -> int:
     from pollux.scar.api import ScarError
-    from pollux.scar.experiment import run_trials
-    from pollux.scar.models.registry import make_model
+    from pollux.scar.rework.experiment import run_trials
+    from pollux.scar.rework.models.registry import make_model
 
     names = _names(args)
     if args.plots and not args.sweep:
@@ -124,13 +124,13 @@ def _experiment(args: argparse.Namespace) -> int:
 
 
 def _sweep(args: argparse.Namespace, names: list[str], say: Any) -> int:
-    from pollux.scar.models.registry import make_model
-    from pollux.scar.sweep import model_sweep
+    from pollux.scar.rework.models.registry import make_model
+    from pollux.scar.rework.sweep import model_sweep
 
     sweeps = [model_sweep(make_model(n), trials=args.trials, seed=args.seed, progress=say) for n in names]
     paths = []
     if args.plots:
-        from pollux.scar.plots import write_plots
+        from pollux.scar.rework.plots import write_plots
 
         paths = [str(p) for p in write_plots(sweeps, args.plots)]
     if args.json:

@@ -3,7 +3,7 @@
 - `mlr_app(**config)`: multinomial logistic regression, mini-batch SGD with SSP staleness
   (`apps/mlr.py`; `numpy_sgd_reference` is the plain loop it is tested against);
 - `lda_app(**config)`: LDA by collapsed Gibbs sampling with word-block model scheduling and stateful
-  executors (`apps/lda.py`; corpora in `apps/data.py` and `apps/corpus.py`).
+  executors (`apps/lda.py`; corpora in `pollux.datasets` and `apps/corpus.py`).
 
 `APPS` maps the names the CLI and benchmarks use to the factories.
 """

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
-from pollux.litz.apps.data import Corpus
+from pollux.datasets import Corpus
 
 SKIP_DIRS = frozenset({"test", "tests", "idlelib", "lib2to3", "site-packages", "__pycache__"})
 _WORD = re.compile(r"[a-z]{3,}")

@@ -50,8 +50,8 @@ import numpy as np
 from scipy.optimize import linear_sum_assignment
 from scipy.special import gammaln
 
+from pollux.datasets import Corpus, cached_synthetic_corpus, partition
 from pollux.litz.api import Application, Driver, DriverContext, Executor, TableSpec, TaskContext, TaskResult
-from pollux.litz.apps.data import Corpus, cached_synthetic_corpus, partition
 
 
 @dataclass(frozen=True)

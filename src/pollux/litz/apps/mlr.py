@@ -38,8 +38,8 @@ from typing import Any
 
 import numpy as np
 
+from pollux.datasets import Dataset, load_classification, partition
 from pollux.litz.api import Application, Driver, DriverContext, Executor, TableSpec, TaskContext, TaskResult
-from pollux.litz.apps.data import Dataset, load_classification, partition
 
 
 @dataclass(frozen=True)

@@ -7,7 +7,7 @@ from typing import Any
 
 from pollux.scar.api import ReworkModel, ScarError
 
-#: name -> (module under pollux.scar.models, one line on what it is)
+#: name -> (module under pollux.scar.rework.models, one line on what it is)
 MODELS: dict[str, tuple[str, str]] = {
     "mlr": ("mlr", "multinomial logistic regression with L2, gradient descent; blocks = feature rows"),
     "mf": ("mf", "matrix factorisation by alternating least squares; blocks = user and item rows"),
@@ -21,7 +21,7 @@ def make_model(name: str, **kw: Any) -> ReworkModel:
     """A fresh model by registry name (`kw` go to the module's ``make``)."""
     if name not in MODELS:
         raise ScarError(f"model: expected one of {', '.join(MODELS)}, got {name!r}")
-    module = importlib.import_module(f"pollux.scar.models.{MODELS[name][0]}")
+    module = importlib.import_module(f"pollux.scar.rework.models.{MODELS[name][0]}")
     model = module.make(**kw)
     if not isinstance(model, ReworkModel):
         raise ScarError(f"model {name!r}: make() returned {type(model).__name__}, not a ReworkModel")

@@ -1,6 +1,8 @@
-"""Input data of the Litz applications: generated or bundled, seeded, never downloaded.
+"""Input data of the Litz applications and of SCAR's experiments: generated or bundled, seeded,
+never downloaded.
 
-An executor's `load_input` calls these functions to "read its partition from storage": the data are a
+A neutral module that both use (:mod:`pollux.litz.apps`, :mod:`pollux.scar.rework.models`). A Litz
+executor's `load_input` calls these functions to "read its partition from storage": the data are a
 deterministic function of the configuration, so re-loading after a scale-in (or in another process)
 gives the same bytes. Whole data sets are cached per process (`functools.lru_cache`), so many executors
 in one worker build them once.

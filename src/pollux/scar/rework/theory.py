@@ -31,8 +31,8 @@ from typing import Any
 import numpy as np
 
 from pollux.scar.api import BlockLayout, ReworkModel, ScarError, State
-from pollux.scar.experiment import lost_blocks
-from pollux.scar.models.qp import QuadraticProgram
+from pollux.scar.rework.experiment import lost_blocks
+from pollux.scar.rework.models.qp import QuadraticProgram
 
 KINDS = ("random", "adversarial", "mixed")
 
@@ -127,7 +127,7 @@ def perturbation_ratio(
     """Theorem 5.4.2 on a real pair: `model`'s run (default: the registry's MLR) after `failure_at`
     steps vs. its full checkpoint after `checkpoint_at`, over `trials` seeded loss draws."""
     if model is None:
-        from pollux.scar.models.mlr import make
+        from pollux.scar.rework.models.mlr import make
 
         model = make()
     if not 0 <= checkpoint_at < failure_at:

@@ -6,7 +6,7 @@ randomly grouped into `blocks` groups (seeded), and a failure loses whole rows.
 
 Data: scikit-learn's bundled handwritten digits (``dataset="digits"``, the default; a seeded subset of
 `samples` images) or a generated Gaussian mixture (``dataset="gaussian"``), both through
-`pollux.litz.apps.data`, so nothing is downloaded. Training is full-batch by default; with
+`pollux.datasets`, so nothing is downloaded. Training is full-batch by default; with
 ``batch`` set, iteration ``t`` uses the ``t mod (samples / batch)``-th slice of a fixed seeded
 shuffle — a minibatch schedule fixed by the iteration number, so every trial sees the same
 minibatch at the same step. The loss convergence is judged on is always the full-data objective.
@@ -32,7 +32,7 @@ from typing import Any
 
 import numpy as np
 
-from pollux.litz.apps.data import Dataset, digits, gaussian_mixture
+from pollux.datasets import Dataset, digits, gaussian_mixture
 from pollux.scar.api import BlockLayout, Protocol, ReworkModel, ScarError, State
 
 DATASETS = ("digits", "gaussian")

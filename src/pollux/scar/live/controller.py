@@ -10,13 +10,13 @@ shard fails, the runtime hands the error here).
 
 **Checkpoint coordinator** (every `every_tasks` completed micro-tasks; the runtime pauses dispatch
 and lets in-flight tasks drain, so the tables do not move under it): (1) every shard computes the
-distance of each of its rows from its in-memory running copy (`pollux.scar.running.RunningCopy`,
+distance of each of its rows from its in-memory running copy (`pollux.scar.live.running.RunningCopy`,
 the shard's extension object) — L2 by default, or per table (`ScarConfig.distances`) the total
 variation of the row distributions scaled by the row's length, for count rows such as LDA's;
 (2) the distances come back; (3) `select_blocks` — the same top-r selection as the rework
 experiments — picks the blocks (rows of every table) to save; (4) every
 shard copies its selected rows into its running copy and returns them, and they go to the
-store's writer thread (`pollux.scar.store.RunningStore`, each save committed atomically). Training
+store's writer thread (`pollux.scar.live.store.RunningStore`, each save committed atomically). Training
 resumes once the commit and the distance requests are sent: steps (2)–(4) run on a collector
 thread while the next iteration computes. In Litz a row changes only at a commit, and
 `before_commit` holds the next commit until every copy is taken, which is the thesis's "resume once
@@ -59,8 +59,8 @@ from pollux.litz.master import PendingTask
 from pollux.litz.records import Layout
 from pollux.litz.runtime import consistent_cut, restore_cut
 from pollux.scar.api import STRATEGIES, ScarError, SelectionState, select_blocks
-from pollux.scar.running import DISTANCES, RunningCopy
-from pollux.scar.store import RunningStore, TableInfo
+from pollux.scar.live.running import DISTANCES, RunningCopy
+from pollux.scar.live.store import RunningStore, TableInfo
 
 __all__ = ["CheckpointRecord", "RecoveryRecord", "ScarConfig", "ScarController"]
 
@@ -74,7 +74,7 @@ class ScarConfig:
     (`pollux.scar.api.select_blocks`). `recovery`: "partial" or "full". `inspect` keeps the tables
     and distances in the records (tests). `detect_timeout_s` bounds the wait for in-flight work and
     for each shard's liveness answer during a recovery. `distances` maps a table name to its row
-    distance, "l2" (the default for tables not named) or "tv" (`pollux.scar.running.row_distances`:
+    distance, "l2" (the default for tables not named) or "tv" (`pollux.scar.live.running.row_distances`:
     total variation × row length, for count rows — LDA's word-topic or document-topic counts).
     Every table's distances go into one top-r selection, so a table's distances should be in
     units comparable to the others' (for LDA both count changes, in tokens). `full_first`: the

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from typing import Any
 
 from pollux.scar.api import ReworkModel
-from pollux.scar.experiment import ReworkResult, checkpoint_trials, recovery_trials
+from pollux.scar.rework.experiment import ReworkResult, checkpoint_trials, recovery_trials
 
 LOST = (0.25, 0.5, 0.75)
 FRACTIONS = (0.5, 0.25, 0.125)

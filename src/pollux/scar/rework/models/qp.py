@@ -4,7 +4,7 @@ The objective is ``0.5 (w − w*)ᵀ A (w − w*)`` with A symmetric positive de
 with step `lr` maps the error ``e = w − w*`` to ``(I − lr·A) e``, whose spectral norm is the known
 contraction factor ``c = max |1 − lr·λ|`` over the eigenvalues λ of A. Both assumptions of Theorem
 5.3.1 — (5.3) for the unperturbed run and (5.5) for any perturbed iterate — therefore hold with that
-`c` exactly and deterministically, which is why `pollux.scar.theory` checks the bound on this model.
+`c` exactly and deterministically, which is why `pollux.scar.rework.theory` checks the bound on this model.
 
 It doubles as the simplest rework-experiment model: the blocks are coordinates (rows of ``w``),
 randomly partitioned as a parameter server would, and a lost block falls back to its checkpointed

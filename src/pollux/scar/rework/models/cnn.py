@@ -52,7 +52,7 @@ from typing import Any
 
 import numpy as np
 
-from pollux.litz.apps.data import digits
+from pollux.datasets import digits
 from pollux.scar.api import BlockLayout, Protocol, ReworkModel, ScarError, State
 
 LAYOUTS = ("layer", "shard")
