@@ -44,7 +44,25 @@ FORBIDDEN_THIRD_PARTY: dict[str, set[str]] = {
     "scar": {"fastapi"},
     "cli": {"torch"},
 }
-MAX_LINES = 600
+#: A module past this many lines holds more than one concern: split it by what it holds.
+MAX_LINES = 500
+#: A class past this many lines does more than one thing: give each concern a class of its own.
+MAX_CLASS_LINES = 300
+#: What is still over (issue 34's remaining work), each with the size it may not grow past. An entry
+#: is removed when its split lands; a new file or class over the limit fails at once.
+KNOWN_LONG_FILES: dict[str, int] = {
+    "pollux/litz/master.py": 600,
+    "pollux/torch/parallel.py": 514,
+}
+KNOWN_LONG_CLASSES: dict[str, int] = {
+    "pollux/cluster/control/controller.py:Controller": 308,
+    "pollux/litz/checkpoint.py:CheckpointStore": 314,
+    "pollux/litz/master.py:Master": 465,
+    "pollux/policy/pollux/problem.py:PolluxProblem": 398,
+    "pollux/sim/job.py:SimJob": 427,
+    "pollux/torch/gradstats.py:GradTracker": 394,
+    "pollux/torch/parallel.py:AdaptiveDataParallel": 335,
+}
 
 
 def _part(path: Path) -> str:
@@ -90,9 +108,38 @@ def test_imports_point_down(part):
 
 
 def test_no_source_file_over_the_limit():
-    long = [f"{p.relative_to(SRC.parent)}: {n} lines" for p in _sources()
-            if (n := len(p.read_text().splitlines())) > MAX_LINES]
+    long = []
+    for path in _sources():
+        name = str(path.relative_to(SRC.parent))
+        lines = len(path.read_text().splitlines())
+        if lines > KNOWN_LONG_FILES.get(name, MAX_LINES):
+            long.append(f"{name}: {lines} lines")
     assert not long, f"split by what they hold (limit {MAX_LINES}):\n" + "\n".join(long)
+
+
+def test_no_class_over_the_limit():
+    long = []
+    for path in _sources():
+        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+            if isinstance(node, ast.ClassDef) and node.end_lineno is not None:
+                name = f"{path.relative_to(SRC.parent)}:{node.name}"
+                lines = node.end_lineno - node.lineno + 1
+                if lines > KNOWN_LONG_CLASSES.get(name, MAX_CLASS_LINES):
+                    long.append(f"{name}: {lines} lines")
+    assert not long, f"give each concern a class of its own (limit {MAX_CLASS_LINES}):\n" + "\n".join(long)
+
+
+def test_the_known_long_entries_are_still_long():
+    """An entry whose split has landed leaves the lists (so the limit applies to it again)."""
+    sizes = {str(p.relative_to(SRC.parent)): len(p.read_text().splitlines()) for p in _sources()}
+    stale = [f for f in KNOWN_LONG_FILES if sizes.get(f, 0) <= MAX_LINES]
+    classes = {}
+    for path in _sources():
+        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+            if isinstance(node, ast.ClassDef) and node.end_lineno is not None:
+                classes[f"{path.relative_to(SRC.parent)}:{node.name}"] = node.end_lineno - node.lineno + 1
+    stale += [c for c in KNOWN_LONG_CLASSES if classes.get(c, 0) <= MAX_CLASS_LINES]
+    assert not stale, f"no longer over the limit; remove from the known lists: {stale}"
 
 
 #: Inside ``pollux.cluster``: room → the rooms it may import. What is kept knows nothing of the loop,
