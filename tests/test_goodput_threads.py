@@ -19,8 +19,8 @@ from pollux.policy.base import Cluster, JobView
 from pollux.policy.pollux import PolluxPolicy
 from pollux.policy.pollux import problem as pollux_module
 
-# (``pollux.goodput.throughput`` the attribute is the function of that name.)
-throughput_module = importlib.import_module("pollux.goodput.throughput")
+# The throughput fit, as a module (its helpers are patched below).
+fit_module = importlib.import_module("pollux.goodput.throughput_fit")
 
 
 def blas_threads() -> set[int]:
@@ -57,10 +57,10 @@ def test_the_decorator_limits_blas_to_one_thread_and_keeps_it(two_blas_threads):
 
 def test_fit_throughput_runs_with_one_blas_thread(two_blas_threads, monkeypatch):
     seen: list[set[int]] = []
-    real = throughput_module._minimise
-    monkeypatch.setattr(throughput_module, "_minimise",
+    real = fit_module._minimise
+    monkeypatch.setattr(fit_module, "_minimise",
                         lambda *a, **k: seen.append(blas_threads()) or real(*a, **k))
-    fit = throughput_module.fit_throughput(*fit_rows())
+    fit = fit_module.fit_throughput(*fit_rows())
     assert fit.ok and seen and all(s == {1} for s in seen)
 
 
@@ -97,7 +97,7 @@ def test_a_refit_thread_after_the_main_thread_is_limited(two_blas_threads):
     seen: list[set[int]] = []
 
     def refit() -> None:
-        throughput_module.fit_throughput(*fit_rows())
+        fit_module.fit_throughput(*fit_rows())
         seen.append(blas_threads())
 
     t = threading.Thread(target=refit)
