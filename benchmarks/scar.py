@@ -43,7 +43,7 @@ DEFAULT_MODELS = ("mlr", "mf", "lda", "cnn")
 
 def theorems(trials: int, seed: int, say: Any) -> dict[str, Any]:
     """Theorem 5.4.2 and Theorem 5.3.1 checks (see `pollux.scar.rework.theory`)."""
-    from pollux.scar import theory
+    from pollux.scar.rework import theory
 
     t0 = time.perf_counter()
     ratios = {}
