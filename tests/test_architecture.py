@@ -55,7 +55,6 @@ KNOWN_LONG_FILES: dict[str, int] = {
     "pollux/torch/parallel.py": 514,
 }
 KNOWN_LONG_CLASSES: dict[str, int] = {
-    "pollux/cluster/control/controller.py:Controller": 308,
     "pollux/litz/checkpoint.py:CheckpointStore": 314,
     "pollux/litz/master.py:Master": 465,
     "pollux/policy/pollux/problem.py:PolluxProblem": 398,

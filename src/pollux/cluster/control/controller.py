@@ -27,7 +27,8 @@ compares, job by job:
 
 After each failure the job waits ``retry_backoff_s * 2**(failures-1)`` (at most ``max_backoff_s``).
 Exits come from one reference per replica resolving when its process tree is gone, all checked by
-one local ``ray.wait`` per tick: a tick where nothing changes makes no round trip to any actor.
+one local ``ray.wait`` per tick: a tick where nothing changes makes no round trip to any actor. What
+the exits mean for the job is read by :mod:`pollux.cluster.control.exits`.
 
 A replica the controller asked to stop counts as preempted whatever its exit status. Every start,
 exit and transition is written to the store as it happens, so a restarted service can reconcile:
@@ -56,16 +57,16 @@ import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
-from pollux import contract
 from pollux.cluster.backends import gputypes, launcher
 from pollux.cluster.backends.api import Backend, NodeInfo
 from pollux.cluster.backends.launcher import Launch, replica_command
+from pollux.cluster.control.exits import KILL_WAIT_S, Exits
 from pollux.cluster.control.launches import Launches
 from pollux.cluster.control.records import DEFAULT_KIND, ControllerConfig, Group
 from pollux.cluster.control.recovery import recover_runs
 from pollux.cluster.control.runners import Runner, default_runners
 from pollux.cluster.control.scheduler import Scheduler
-from pollux.cluster.state.lifecycle import ACTIVE_STATES, SCHEDULED_STATES, JobState
+from pollux.cluster.state.lifecycle import ACTIVE_STATES, JobState
 from pollux.cluster.state.store import JobRecord, JobStore
 from pollux.policy.base import Cluster
 
@@ -89,6 +90,7 @@ class Controller:
         self.runners: dict[str, Runner] = {**default_runners(), **(runners or {})}
         self.groups: dict[str, Group] = {}
         self.launches = Launches(self)
+        self.exits = Exits(self)
         self.not_before: dict[str, float] = {}
         self.nodes: list[NodeInfo] = []
         #: The schedulable nodes as a policy sees them, from the last :meth:`refresh_nodes`.
@@ -177,7 +179,7 @@ class Controller:
             active = {j.id: j for j in self.store.list_jobs(ACTIVE_STATES)}
             touched = set(self.launching)     # their records changed: look at them again next tick
             self.launches.advance_all(active, now)
-            self._collect_exits()
+            self.exits.collect()
             for jid in sorted(set(active) | set(self.groups)):
                 if jid in touched or jid in self.launching:
                     continue
@@ -208,7 +210,7 @@ class Controller:
                 # Cancelled (or failed) while stopping for a rescale: no checkpoint is needed now.
                 cut = self.monotonic() + self.grace(job)
                 group.stop_deadline = min(group.stop_deadline or cut, cut)
-            self._poll(group, job, now)
+            self.exits.poll(group, job, now)
             return
         if job.terminal:
             return
@@ -240,22 +242,7 @@ class Controller:
         self.not_before[job_id] = self.monotonic() + delay
         return delay
 
-    # ------------------------------------------------------------------ stopping and exits
-
-    def _collect_exits(self, timeout_s: float = 0.0) -> None:
-        """Record every exit already reported, from one ``ray.wait`` over all groups' exit futures."""
-        refs = {ref: (g, rank) for g in self.groups.values() for rank, ref in g.futures.items()}
-        for ref in self.backend.ready(list(refs), timeout_s):
-            group, rank = refs[ref]
-            status = self.backend.exit_status(ref)
-            group.futures.pop(rank, None)
-            group.exits[rank] = status.code
-            if status.lost:
-                self.hold_node(next((h.node for h in group.handles if h.rank == rank), "?"))
-            try:
-                self.store.set_replica_exit(group.job_id, group.restart, rank, status.code, now=self.clock())
-            except KeyError:
-                pass
+    # ------------------------------------------------------------------ stopping a run
 
     def request_stop(self, group: Group, reason: str, grace_s: float | None = None) -> None:
         """Ask a run's replicas to exit: SIGTERM (SIGKILL after ``grace_s``), or SIGKILL at once for 0."""
@@ -268,70 +255,8 @@ class Controller:
         self.backend.signal(live, signal.SIGKILL if grace <= 0 else signal.SIGTERM)
         group.killed = grace <= 0
         if group.killed:
-            group.stop_deadline = self.monotonic() + 10.0
+            group.stop_deadline = self.monotonic() + KILL_WAIT_S
         logger.info("job %s: stopping restart %d (%s)", group.job_id, group.restart, reason)
-
-    def _poll(self, group: Group, job: JobRecord, now: float) -> None:
-        """Act on the exits :meth:`_collect_exits` recorded (no Ray call unless a signal is due)."""
-        running = [h for h in group.handles if h.rank not in group.exits]
-        if group.stopping:
-            if running and group.stop_deadline is not None and self.monotonic() > group.stop_deadline \
-                    and not group.killed:
-                logger.warning("job %s: %d replica(s) did not exit within the grace period; killing", job.id,
-                               len(running))
-                self.backend.signal(running, signal.SIGKILL)
-                group.killed = True
-                group.stop_deadline = self.monotonic() + 10.0
-            elif running and group.killed and group.stop_deadline is not None \
-                    and self.monotonic() > group.stop_deadline:
-                running = []   # unreachable: release the actors regardless
-            if not running:
-                self._finish_stop(group, job, now)
-            return
-        failed = {r: c for r, c in group.exits.items() if c != 0}
-        if not running and not failed:
-            self.account(group, now)
-            self._end(group)
-            self.store.transition(job.id, JobState.SUCCEEDED, reason="all replicas exited 0", now=now)
-            logger.info("job %s: succeeded", job.id)
-            self.request_round()
-            return
-        if failed:
-            rank, code = min(failed.items())
-            if code == contract.PREEMPTED_EXIT_CODE:
-                self.request_stop(group, f"replica {rank} preempted itself (exit {code})")
-                return
-            failures = job.failures + 1   # the controller is the only writer of failures
-            node = next((h.node for h in group.handles if h.rank == rank), "?")
-            reason = f"replica {rank} on {node} exited with code {code}"
-            if failures > self.config.max_retries:
-                self.request_stop(group, reason, self.config.cancel_grace_s)
-                group.stop_reason = "failed: " + reason
-                self.store.transition(job.id, JobState.FAILED, reason=f"{reason} (failure {failures}, "
-                                      f"retries exhausted)", now=now, failure=True, expect=SCHEDULED_STATES)
-                logger.error("job %s: failed: %s", job.id, reason)
-            else:
-                self.store.transition(job.id, None, failure=True, expect=SCHEDULED_STATES)
-                delay = self.back_off(job.id, failures)
-                logger.warning("job %s: %s; restarting from the last checkpoint in %.0f s (failure %d of at "
-                               "most %d)", job.id, reason, delay, failures, self.config.max_retries)
-                self.request_stop(group, "failure: " + reason)
-
-    def _finish_stop(self, group: Group, job: JobRecord, now: float) -> None:
-        self._end(group)
-        if group.cleanup:
-            return
-        job = self.store.get_job(job.id)
-        if job.terminal:
-            return
-        to_pending = not job.allocation and job.state in (JobState.RUNNING, JobState.RESCALING)
-        self.store.transition(job.id, JobState.PENDING if to_pending else None, reason=group.stop_reason,
-                              now=now, restart=True, expect=SCHEDULED_STATES)
-        self.request_round()
-
-    def _end(self, group: Group) -> None:
-        self.backend.release(group.handles)
-        self.groups.pop(group.job_id, None)
 
     # ------------------------------------------------------------------ recovery and shutdown
 
@@ -364,11 +289,11 @@ class Controller:
                 g.stop_deadline = min(g.stop_deadline or 0.0, self.monotonic() + grace)
             deadline = time.monotonic() + grace + 15.0   # real time: bounds the wait whatever the clock
             while self.groups and time.monotonic() < deadline:
-                self._collect_exits(0.2)
+                self.exits.collect(0.2)
                 for g in list(self.groups.values()):
-                    self._poll(g, self.store.get_job(g.job_id), self.clock())
+                    self.exits.poll(g, self.store.get_job(g.job_id), self.clock())
             for jid in list(self.groups):
-                self._end(self.groups[jid])
+                self.exits.end(self.groups[jid])
             for job in self.store.list_jobs(ACTIVE_STATES):
                 self.store.transition(job.id, JobState.PENDING, reason="service stopped", now=self.clock(),
                                       expect=ACTIVE_STATES)
