@@ -292,7 +292,7 @@ def _advance_shard_resize(m: Master, item: dict[str, Any]) -> None:
     retired = [h for h in old if h not in handles]
     index = {h: k for k, h in enumerate(handles)}
     moved = m.get(
-        [h.migrate.remote(owners, handles, m.commit_id, index.get(h, -1)) for h in handles + retired]
+        [h.migrate.remote(owners, handles, m.commits.commit_id, index.get(h, -1)) for h in handles + retired]
     )
     rec["moved"] = int(sum(moved))
     m.layout = Layout(m.layout.layout_id + 1, owners, handles)

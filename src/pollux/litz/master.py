@@ -16,9 +16,7 @@ flight under its ObjectRef.
 
 from __future__ import annotations
 
-import secrets
 import time
-import warnings
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -28,10 +26,10 @@ import ray
 from ray.exceptions import RayActorError, RayError, RayTaskError
 
 from pollux.litz.api import Application, ApplicationError, LitzError, TaskResult
-from pollux.litz.cache import UpdateLog
-from pollux.litz.channel import ChannelClient, ChannelClosed, readable
-from pollux.litz.mirror import InlineLog, TableMirror
-from pollux.litz.ps import FlushKey, PSShardActor, StagedItem
+from pollux.litz.channel import ChannelClosed
+from pollux.litz.commit_log import CommitLog
+from pollux.litz.mirror import TableMirror
+from pollux.litz.ps import PSShardActor
 from pollux.litz.records import (
     Layout,
     RunSummary,
@@ -43,6 +41,7 @@ from pollux.litz.records import (
     unpack,
 )
 from pollux.litz.worker import LitzWorkerActor, SequentialWorkerActor
+from pollux.litz.worker_links import ActorLost, InFlight, WorkerLinks, raise_batch_error
 
 #: Inline updates held back from the shards while every table travels with the batches: a commit is
 #: sent once the logs handled since the last one reach this many bytes (one message per shard for
@@ -52,23 +51,12 @@ from pollux.litz.worker import LitzWorkerActor, SequentialWorkerActor
 DEFERRED_COMMIT_BYTES = 1 << 20
 
 
-class ActorLost(LitzError):
-    """A worker or shard actor died (or a call to it failed inside Ray); recovery may follow."""
-
-
 @dataclass
 class PendingTask:
     task_id: int
     executor_id: int
     args: Any
     version: int
-
-
-@dataclass
-class InFlight:
-    worker_id: int
-    batch_id: int
-    task_ids: list[int]
 
 
 class _Context:
@@ -134,6 +122,7 @@ class Master:
         self.summary = RunSummary()
         self.ctx = _Context(self)
         self.t0 = time.monotonic()
+        self.links = WorkerLinks(self)
         self._reset_run_state()
         self.workers: dict[int, Any] = {}
         self.worker_pids: dict[int, int] = {}
@@ -158,10 +147,6 @@ class Master:
         # and the Ray calls that move executors share its event loop (see `open_channel`)
         sequential = cfg.sequential_workers and not cfg.direct_channel
         self._worker_cls = ray.remote(SequentialWorkerActor if sequential else LitzWorkerActor)
-        self._token = secrets.token_bytes(32)
-        self.channels: dict[int, ChannelClient] = {}
-        self._channel_refs: dict[int, Any] = {}  # worker -> ref of its open_channel's (host, port)
-        self._sentinels: dict[Any, int] = {}  # ref of a worker's `watch` -> worker
         self._shard_cls = ray.remote(PSShardActor)
 
     def _reset_run_state(self) -> None:
@@ -172,19 +157,8 @@ class Master:
         self.tasks: dict[int, PendingTask] = {}
         self.next_seq: dict[int, int] = dict.fromkeys(range(self.cfg.num_executors), 0)
         self.inflight: dict[Any, InFlight] = {}
-        self.uncommitted: list[FlushKey] = []
-        # updates that came back with their results (RuntimeConfig.inline_update_bytes), by key
-        self.uncommitted_inline: dict[FlushKey, InlineLog] = {}
-        # handled keys already in the mirror whose commit to the shards is put off (`send_pending`)
-        self.unsent: list[FlushKey] = []
-        # their inline updates summed per table (one update per table and shard per commit, not one
-        # per batch: a deferred commit of ~100 iterations was a 1 MiB message of 200 small logs)
-        self.unsent_sum = UpdateLog(self.tables)
-        self.unsent_inline_key: FlushKey | None = None  # the last of them: the sum travels under it
-        self.unsent_bytes = 0
-        self.commit_id = 0
-        self.commit_refs: list[Any] = []
-        self._arrived: dict[int, dict[str, Any]] = {}  # channel results read, not yet handled
+        self.commits = CommitLog(self, self.tables)  # flush keys on their way to the shards
+        self.links.arrived.clear()  # channel results read, not yet handled
         self.finished = False  # no more dispatch: the driver finished, or the run is stopping
         self.driver_finished = False  # the driver called finish(): completions no longer go to it
 
@@ -216,7 +190,7 @@ class Master:
         opts = _options(self.cfg, node)
         opts.pop("resources", None)  # custom resources count workers only
         ext = getattr(self.cfg.fault_tolerance, "shard_extension", None)
-        handle = self._shard_cls.options(**opts).remote(index, tables, self.commit_id, ext)
+        handle = self._shard_cls.options(**opts).remote(index, tables, self.commits.commit_id, ext)
         self.shard_node[handle] = node
         return handle
 
@@ -244,36 +218,12 @@ class Master:
         self.workers[wid] = handle
         self.worker_layout[wid] = self.layout.layout_id
         if self.cfg.direct_channel:
-            self._channel_refs[wid] = handle.open_channel.remote(self._token, not self.cfg.sequential_workers)
+            self.links.open(wid, handle, overlap=not self.cfg.sequential_workers)
         return wid
-
-    def _channel(self, wid: int) -> ChannelClient | None:
-        """Worker `wid`'s channel, connected on first use (its actor has started by then); None
-        where it cannot be had (e.g. a firewall between the nodes): that worker's batches then
-        go as Ray calls, with a warning, counted in `RunSummary.channel_fallbacks`."""
-        ch = self.channels.get(wid)
-        if ch is None and wid in self._channel_refs:
-            try:
-                host, port = self.get(self._channel_refs.pop(wid))
-                ch = ChannelClient((host, int(port)), self._token)
-            except ActorLost:
-                raise
-            except (OSError, LitzError) as err:  # cannot connect, or the worker cannot listen
-                msg = f"Litz worker {wid}: no direct channel ({err}); its batches go as Ray calls"
-                warnings.warn(msg, RuntimeWarning, stacklevel=2)
-                self.summary.channel_fallbacks += 1
-                return None
-            self.channels[wid] = ch
-            self._sentinels[self.workers[wid].watch.remote()] = wid  # watched once it runs
-        return ch
 
     def forget_worker(self, wid: int) -> None:
         """Close worker `wid`'s channel and stop watching it (before its actor is killed)."""
-        if (ch := self.channels.pop(wid, None)) is not None:
-            ch.close()
-        self._channel_refs.pop(wid, None)
-        for ref in [r for r, w in self._sentinels.items() if w == wid]:
-            del self._sentinels[ref]
+        self.links.forget(wid)
 
     def place_executors(self, states: Mapping[int, tuple[Any, int]] | None = None) -> None:
         """Spread all executors over the workers in contiguous balanced blocks, loading inputs."""
@@ -324,63 +274,13 @@ class Master:
 
     # ------------------------------------------------------------------ PS
     def commit(self) -> None:
-        """Send the handled flush keys to every shard as the next commit; do not wait (reads and
-        batches sent from now on carry `commit_id`, and the shards hold them until it is applied)."""
-        self._advance_mirror()
-        if self.unsent:
-            before = getattr(self.cfg.fault_tolerance, "before_commit", None)
-            if before is not None:
-                before(self)  # e.g. SCAR: its copies of rows must be taken before they change
-            keys, self.unsent = self.unsent, []
-            summed, key = self.unsent_sum.drain(), self.unsent_inline_key
-            self.unsent_inline_key = None
-            self.unsent_bytes = 0
-            self.commit_id += 1
-            parts = self._inline_parts({key: summed} if key is not None and summed else {})
-            shards = self.layout.shards
-            self.commit_refs += [
-                s.commit.remote(keys, self.commit_id, pack(parts[k]) if parts[k] else None)
-                for k, s in enumerate(shards)
-            ]
-
-    def _advance_mirror(self) -> None:
-        """Apply the handled flush keys to the mirror and queue them for the shards (`unsent`)."""
-        if self.uncommitted:
-            keys, self.uncommitted = self.uncommitted, []
-            inline, self.uncommitted_inline = self.uncommitted_inline, {}
-            self.mirror.apply(keys, inline)
-            self.unsent += keys
-            for key, log in inline.items():  # handled order, as `keys`
-                for table, (rows, delta) in log.items():
-                    self.unsent_sum.add_drained(table, rows, delta)
-                    self.unsent_bytes += rows.nbytes + delta.nbytes
-                self.unsent_inline_key = key
-
-    def _inline_parts(self, inline: dict[FlushKey, InlineLog]) -> list[dict[FlushKey, list[StagedItem]]]:
-        """Inline updates split by owner shard under the current layout (whose shards hold their
-        rows: a migration completes before the layout changes, and commits wait for it)."""
-        n = len(self.layout.shards)
-        parts: list[dict[FlushKey, list[StagedItem]]] = [{} for _ in range(n)]
-        for key, drained in inline.items():
-            for table, (rows, delta) in drained.items():
-                if n == 1:
-                    parts[0].setdefault(key, []).append((table, rows, delta))
-                    continue
-                owner = self.layout.owners[table][rows]
-                for s in np.unique(owner):
-                    sel = owner == s
-                    parts[int(s)].setdefault(key, []).append((table, rows[sel], delta[sel]))
-        return parts
+        """Send the handled flush keys to every shard as the next commit, without waiting
+        (`CommitLog.commit`)."""
+        self.commits.commit()
 
     def sync_commits(self) -> None:
         """Wait until every commit sent is applied (before a PS migration)."""
-        refs, self.commit_refs = self.commit_refs, []
-        self.get(refs)
-
-    def _check_commits(self) -> None:
-        if self.commit_refs:
-            ready, self.commit_refs = ray.wait(self.commit_refs, num_returns=len(self.commit_refs), timeout=0)
-            self.get(ready)
+        self.commits.sync()
 
     def ps_read(self, table: str, rows: np.ndarray | None = None) -> np.ndarray:
         try:
@@ -402,8 +302,9 @@ class Master:
         owner = self.layout.owners[table][idx]
         out = np.empty((idx.size, *meta.shape[1:]), dtype=meta.dtype)
         shards = np.unique(owner)
+        commit_id = self.commits.commit_id
         got = self.get(
-            [self.layout.shards[int(s)].get.remote(table, idx[owner == s], self.commit_id) for s in shards]
+            [self.layout.shards[int(s)].get.remote(table, idx[owner == s], commit_id) for s in shards]
         )
         for s, vals in zip(shards, got, strict=True):
             out[owner == s] = vals
@@ -418,12 +319,12 @@ class Master:
     def send_pending(self) -> None:
         if not self.pending:
             return
-        self._advance_mirror()
+        self.commits.advance_mirror()
         push = self.mirror.current(self.layout.layout_id, self.push_tables) if self.push_tables else {}
         # Every table comes with the batch (exact at the latest handled key): no task reads a shard,
         # so the commit can wait and carry several keys in one message. Anything that reads the
         # shards (the driver's `ps_read`, checkpoints, migrations, a table not pushed) commits first.
-        if len(push) < len(self.tables) or self.unsent_bytes >= DEFERRED_COMMIT_BYTES:
+        if len(push) < len(self.tables) or self.commits.unsent_bytes >= DEFERRED_COMMIT_BYTES:
             self.commit()
         batches: dict[int, list[TaskSpec]] = {}
         for task in self.pending:
@@ -437,11 +338,11 @@ class Master:
             layout = self.layout if self.worker_layout[wid] < self.layout.layout_id else None
             self.worker_layout[wid] = self.layout.layout_id
             bid = self.next_batch_id
-            payload = pack((bid, specs, self.commit_id, push or None, self.version))
+            payload = pack((bid, specs, self.commits.commit_id, push or None, self.version))
             self.next_batch_id += 1
             self.summary.batches += 1
             info = InFlight(wid, bid, [s[0] for s in specs])
-            ch = self._channel(wid) if self.cfg.direct_channel and layout is None else None
+            ch = self.links.channel(wid) if self.cfg.direct_channel and layout is None else None
             if ch is not None:
                 # in flight under its batch id (an int; a Ray call's is its ObjectRef)
                 self.inflight[bid] = info
@@ -456,26 +357,24 @@ class Master:
 
     def wait_completions(self, timeout: float) -> int:
         """Handle every batch that is back within `timeout`; returns the tasks completed."""
-        self._check_commits()
+        self.commits.check()
         if not self.inflight:
             time.sleep(min(timeout, 0.01))
             return 0
-        ready = self._ready_results(timeout)
+        ready = self.links.ready_results(timeout)
         ready.sort(key=lambda r: r[0])
         done = 0
         for _, key in ready:
             if key not in self.inflight:
-                self._arrived.pop(key, None)
+                self.links.arrived.pop(key, None)
                 continue  # a recovery took it back (its tasks are queued again)
             info = self.inflight.pop(key)
-            out = self._arrived.pop(key) if isinstance(key, int) else unpack(self.get(key))
+            out = self.links.arrived.pop(key) if isinstance(key, int) else unpack(self.get(key))
             if "error" in out:
-                self._raise_batch_error(out, info.worker_id)
+                raise_batch_error(self.app.name, out, info.worker_id)
             if out["key"] is not None:
-                self.uncommitted.append(out["key"])
-                if out.get("inline") is not None:
-                    self.uncommitted_inline[out["key"]] = out["inline"]
-                else:  # staged at the shards: the mirror cannot follow these tables
+                self.commits.handled(out["key"], out.get("inline"))
+                if out.get("inline") is None:  # staged at the shards: the mirror cannot follow these tables
                     self.mirror.drop(out.get("staged_tables", self.tables))
                 self.summary.flushes += 1
             self.push_tables.update(out.get("full_reads", ()))
@@ -498,89 +397,10 @@ class Master:
                     self.driver.handle_task_completion(self.ctx, result)
         return done
 
-    def _ready_results(self, timeout: float) -> list[tuple[int, Any]]:
-        """(batch id, in-flight key) of every batch back within `timeout`: a channel's result is
-        then in `_arrived` (read, not yet handled), a Ray call's is fetched by the caller."""
-        refs = [k for k in self.inflight if not isinstance(k, int)]
-        chans = {self.channels[i.worker_id] for k, i in self.inflight.items() if isinstance(k, int)}
-        if not chans and not self._arrived:
-            ready, _ = ray.wait(refs, num_returns=1, timeout=timeout)
-            if not ready:
-                return []
-            ready, _ = ray.wait(refs, num_returns=len(refs), timeout=0)
-            return [(self.inflight[r].batch_id, r) for r in ready]
-        deadline = time.monotonic() + timeout
-        while True:
-            left = 0.0 if self._arrived else deadline - time.monotonic()
-            # with Ray calls in flight as well (rare: a batch carrying a new layout), poll both
-            self._read_channels(chans, min(left, 0.002) if refs else left)
-            out: list[tuple[int, Any]] = [(b, b) for b in self._arrived]
-            if refs:
-                got, _ = ray.wait(refs, num_returns=len(refs), timeout=0)
-                out += [(self.inflight[r].batch_id, r) for r in got]
-            if out or left <= 0:
-                return out
-
-    def _read_channels(
-        self, chans: set[ChannelClient], timeout: float, closed: set[int] | None = None
-    ) -> None:
-        """Read every result waiting on `chans` (after at most `timeout`) into `_arrived`; results
-        of batches a recovery gave up are dropped. A closed channel raises `ActorLost`, or with
-        `closed` adds its worker there (and Ray's view of dead workers is not asked)."""
-        ready = readable(chans, timeout)
-        if not ready and not self._arrived and closed is None:
-            self._check_sentinels()
-        while ready:
-            for ch in ready:
-                try:
-                    res = unpack(ch.receive())
-                except ChannelClosed as err:
-                    wid = next(w for w, c in self.channels.items() if c is ch)
-                    if closed is None:
-                        raise ActorLost(f"worker {wid}: {err}") from err
-                    closed.add(wid)
-                    chans = chans - {ch}
-                    continue
-                bid = int(res["batch_id"])
-                if bid in self.inflight:
-                    self._arrived[bid] = res
-            ready = readable(chans, 0.0)  # whatever else is already here
-
-    def _raise_batch_error(self, res: dict[str, Any], wid: int) -> None:
-        """A worker's answer that its batch failed, raised as the Ray-call path would."""
-        msg = f"worker {wid}, batch {res['batch_id']}: {res['message']}"
-        if res["error"] == "lost":
-            raise ActorLost(msg)
-        if res["error"] == "litz":
-            raise LitzError(msg)
-        raise LitzError(f"{self.app.name}: a Litz actor failed: {msg}")
-
-    def _check_sentinels(self) -> None:
-        """Raise `ActorLost` if Ray reports a worker dead (a lost node need not close its socket)."""
-        if self._sentinels:
-            gone, _ = ray.wait(list(self._sentinels), num_returns=1, timeout=0)
-            if gone:
-                wid = self._sentinels.pop(gone[0])
-                self.get(gone[0])  # raises for a dead actor
-                raise ActorLost(f"worker {wid}: its watch returned")
-
     def await_inflight(self, timeout: float) -> None:
         """Wait at most `timeout` until every in-flight batch is back or failed, handling none of
-        them (a recovery then queues their tasks again; results that come later are dropped)."""
-        deadline = time.monotonic() + timeout
-        refs = [k for k in self.inflight if not isinstance(k, int)]
-        if refs:
-            ray.wait(refs, num_returns=len(refs), timeout=timeout)
-        lost: set[int] = set()  # workers whose channel closed: nothing more comes from them
-        while time.monotonic() < deadline:
-            waiting = [
-                i.worker_id
-                for k, i in self.inflight.items()
-                if isinstance(k, int) and k not in self._arrived and i.worker_id not in lost
-            ]
-            if not waiting:
-                return
-            self._read_channels({self.channels[w] for w in waiting}, deadline - time.monotonic(), lost)
+        them (see `WorkerLinks.await_inflight`)."""
+        self.links.await_inflight(timeout)
 
     def oldest_inflight_batch(self) -> int:
         return min((i.batch_id for i in self.inflight.values()), default=self.next_batch_id)

@@ -27,8 +27,9 @@ from typing import Any
 
 from pollux.litz.api import Application, LitzError
 from pollux.litz.elastic import advance_resizes, resize_shards, resize_workers
-from pollux.litz.master import ActorLost, Master, PendingTask
+from pollux.litz.master import Master, PendingTask
 from pollux.litz.records import RunSummary, RuntimeConfig
+from pollux.litz.worker_links import ActorLost
 
 __all__ = ["LitzRuntime", "RunSummary", "RuntimeConfig", "consistent_cut", "restore_cut"]
 

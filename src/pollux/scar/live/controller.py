@@ -252,7 +252,7 @@ class ScarController:
         m.commit()
         shards = list(m.layout.shards)
         owners = {t: np.asarray(m.layout.owners[t]) for t in self._order}
-        commit_id = m.commit_id
+        commit_id = m.commits.commit_id
         dist_refs = [s.extension_call.remote("distances", (self._kinds,), commit_id) for s in shards]
         full = initial or len(self.checkpoints) <= cfg.full_first  # checkpoints[0] is the initial
         record = CheckpointRecord(
@@ -358,9 +358,9 @@ class ScarController:
         m.pending = again + list(m.pending)
         m.tasks.clear()
         m.inflight.clear()
-        if m.commit_refs:
-            ray.wait(m.commit_refs, num_returns=len(m.commit_refs), timeout=timeout)
-            m.commit_refs = []
+        if m.commits.refs:
+            ray.wait(m.commits.refs, num_returns=len(m.commits.refs), timeout=timeout)
+            m.commits.refs = []
         return len(again)
 
     def _dead_shards(self, m: Any) -> list[int]:
