@@ -15,16 +15,23 @@ tasks when iteration i - s - 1 has completed, and tasks of one iteration share c
 Parameters are named dense tables (rows first); updates are additive (`update` adds `delta`).
 Everything an application hands the runtime (task arguments, results, executor and driver state)
 must be picklable: it travels between Ray actors and into checkpoints.
+
+A fault-tolerance strategy (SCAR's) is not an application: it implements :class:`FaultTolerance`
+and sees the job through :class:`RunningJob`, at the end of this module.
 """
 
 from __future__ import annotations
 
 import abc
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from pollux.litz.checkpoint import LitzCheckpoint
+    from pollux.litz.records import Layout, RunSummary, TableMeta
 
 
 class LitzError(RuntimeError):
@@ -192,3 +199,117 @@ class Application:
     driver: type[Driver]
     executor: type[Executor]
     config: Mapping[str, Any] = field(default_factory=dict)
+
+
+#: Rows and their values of each table that one PS shard holds: ``{table: (global rows, values)}``.
+ShardRows = Mapping[str, tuple[np.ndarray, np.ndarray]]
+
+
+class RunningJob(Protocol):
+    """What a fault-tolerance controller sees of a running Litz job, and what it may ask of it.
+
+    The runtime hands one to every :class:`FaultTolerance` hook. It reads the job (tables, PS
+    layout, commit number, summary) and offers the few operations a recovery needs, so that a
+    controller never rewrites the master's queues or layout itself.
+    """
+
+    @property
+    def tables(self) -> Mapping[str, TableMeta]:
+        """Shape and dtype of every PS table."""
+        ...
+
+    @property
+    def layout(self) -> Layout:
+        """The current PS layout: the shard actors, and which shard owns each row."""
+        ...
+
+    @property
+    def commit_id(self) -> int:
+        """The number of the last commit sent; a shard call carrying it sees every update handled."""
+        ...
+
+    @property
+    def summary(self) -> RunSummary:
+        """The run's summary; a controller counts its recoveries and loaded checkpoints there."""
+        ...
+
+    def elapsed_s(self) -> float:
+        """Seconds since the run started (the time base of the summary's records)."""
+        ...
+
+    def commit(self) -> None:
+        """Send every handled update to the shards as the next commit, without waiting."""
+        ...
+
+    def get(self, refs: Any, timeout: float | None = None) -> Any:
+        """``ray.get`` with a lost actor raised as a Litz error."""
+        ...
+
+    def ps_tables(self) -> dict[str, np.ndarray]:
+        """Every table's values at the latest commit."""
+        ...
+
+    def requeue_inflight(self, timeout_s: float) -> int:
+        """Wait at most ``timeout_s`` for the batches in flight, then queue their tasks again, in
+        their order, ahead of the queue; their updates are never committed, and commits that cannot
+        complete are dropped. Returns the number of tasks queued again."""
+        ...
+
+    def replace_shards(self, rows: Mapping[int, ShardRows]) -> None:
+        """Start a new actor for each shard index in ``rows``, holding those rows, in place of the
+        old one (killed), under a new layout with the same row owners."""
+        ...
+
+    def consistent_cut(self, step: int) -> LitzCheckpoint:
+        """A checkpoint of the whole job as it stands (call with no task in flight)."""
+        ...
+
+    def restore_cut(self, cut: LitzCheckpoint) -> None:
+        """Rebuild every actor from ``cut`` and put the job back to it (a global restart)."""
+        ...
+
+
+class FaultTolerance(Protocol):
+    """A fault-tolerance controller, plugged in through ``RuntimeConfig.fault_tolerance``.
+
+    Litz calls its hooks and does not know what it is (SCAR's is
+    :class:`pollux.scar.live.controller.ScarController`). A new strategy implements these hooks over
+    the :class:`RunningJob` it is handed; see ``docs/architecture.md``.
+    """
+
+    @property
+    def shard_extension(self) -> Callable[[int, ShardRows], Any] | None:
+        """A picklable factory giving every PS shard a side object (``PSShardActor.extension_call``
+        invokes it with the shard's data), or None."""
+        ...
+
+    def start(self, job: RunningJob) -> None:
+        """The run started (after the initial dispatch)."""
+        ...
+
+    def due(self, job: RunningJob) -> bool:
+        """Asked in the master loop: True pauses dispatch until no task is in flight, then
+        :meth:`checkpoint` runs."""
+        ...
+
+    def checkpoint(self, job: RunningJob) -> None:
+        """Take the controller's own checkpoint (no task in flight)."""
+        ...
+
+    def before_commit(self, job: RunningJob) -> None:
+        """Called before every commit is sent, i.e. before any table value changes."""
+        ...
+
+    def recover(self, job: RunningJob, error: BaseException) -> bool:
+        """An actor was lost. True: the job is repaired and goes on; False: Litz's own checkpoint
+        recovery applies."""
+        ...
+
+    def recover_in_place(self, job: RunningJob, error: BaseException) -> bool:
+        """The same, asked when a driver callback's PS read failed: only a repair that leaves the
+        master's state as it is may say True (the read is then retried)."""
+        ...
+
+    def close(self, job: RunningJob) -> None:
+        """The run ended."""
+        ...

@@ -25,6 +25,7 @@ from typing import Any, Protocol
 import numpy as np
 import ray
 
+from pollux.litz.api import RunningJob
 from pollux.litz.cache import UpdateLog
 from pollux.litz.mirror import InlineLog, TableMirror
 from pollux.litz.ps import FlushKey, StagedItem
@@ -40,6 +41,11 @@ class CommitOwner(Protocol):
     #: The current PS layout: the shards a commit goes to, and which rows each owns.
     layout: Layout
     mirror: TableMirror
+
+    @property
+    def view(self) -> RunningJob:
+        """The job as a fault-tolerance controller sees it (handed to its ``before_commit``)."""
+        ...
 
     def get(self, refs: Any, timeout: float | None = None) -> Any:
         """``ray.get`` with actor deaths turned into ``ActorLost``."""
@@ -91,9 +97,9 @@ class CommitLog:
         batches sent from now on carry ``commit_id``, and the shards hold them until it is applied)."""
         self.advance_mirror()
         if self.unsent:
-            before = getattr(self.owner.cfg.fault_tolerance, "before_commit", None)
-            if before is not None:
-                before(self.owner)  # e.g. SCAR: its copies of rows must be taken before they change
+            ft = self.owner.cfg.fault_tolerance
+            if ft is not None:  # e.g. SCAR: its copies of rows must be taken before they change
+                ft.before_commit(self.owner.view)
             keys, self.unsent = self.unsent, []
             summed, key = self.unsent_sum.drain(), self.unsent_inline_key
             self.unsent_inline_key = None
@@ -127,6 +133,13 @@ class CommitLog:
         """Wait until every commit sent is applied (before a PS migration)."""
         refs, self.refs = self.refs, []
         self.owner.get(refs)
+
+    def abandon(self, timeout_s: float) -> None:
+        """Wait at most ``timeout_s`` for the commits sent, then forget them, applied or not (a
+        recovery: some went to a shard that is lost)."""
+        if self.refs:
+            ray.wait(self.refs, num_returns=len(self.refs), timeout=timeout_s)
+            self.refs = []
 
     def check(self) -> None:
         """Raise for a commit that failed among those already applied; forget the applied ones."""

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -32,6 +31,7 @@ from pollux.litz.mirror import TableMirror
 from pollux.litz.ps import PSShardActor
 from pollux.litz.records import (
     Layout,
+    PendingTask,
     RunSummary,
     RuntimeConfig,
     TableMeta,
@@ -40,6 +40,7 @@ from pollux.litz.records import (
     shard_assignment,
     unpack,
 )
+from pollux.litz.running_job import MasterView
 from pollux.litz.worker import LitzWorkerActor, SequentialWorkerActor
 from pollux.litz.worker_links import ActorLost, InFlight, WorkerLinks, raise_batch_error
 
@@ -49,14 +50,6 @@ from pollux.litz.worker_links import ActorLost, InFlight, WorkerLinks, raise_bat
 #: 2.25–2.35 ms per synchronous MLR iteration, the shard's CPU a third). It bounds how far the
 #: shards lag behind the mirror, not the message, which the sum keeps at one table's size.
 DEFERRED_COMMIT_BYTES = 1 << 20
-
-
-@dataclass
-class PendingTask:
-    task_id: int
-    executor_id: int
-    args: Any
-    version: int
 
 
 class _Context:
@@ -123,7 +116,8 @@ class Master:
         self.ctx = _Context(self)
         self.t0 = time.monotonic()
         self.links = WorkerLinks(self)
-        self._reset_run_state()
+        self.view = MasterView(self)  # what a fault-tolerance controller sees
+        self.reset_run_state()
         self.workers: dict[int, Any] = {}
         self.worker_pids: dict[int, int] = {}
         self.shard_pids: list[int] = []
@@ -149,7 +143,8 @@ class Master:
         self._worker_cls = ray.remote(SequentialWorkerActor if sequential else LitzWorkerActor)
         self._shard_cls = ray.remote(PSShardActor)
 
-    def _reset_run_state(self) -> None:
+    def reset_run_state(self) -> None:
+        """Queues, commits and counters back to a run's start (a cut is then restored over them)."""
         self.version = 0
         self.next_task_id = 0
         self.next_batch_id = 0
@@ -189,7 +184,8 @@ class Master:
         """Create shard actor `index` holding `tables` (on Ray node `node` when given)."""
         opts = _options(self.cfg, node)
         opts.pop("resources", None)  # custom resources count workers only
-        ext = getattr(self.cfg.fault_tolerance, "shard_extension", None)
+        ft = self.cfg.fault_tolerance
+        ext = ft.shard_extension if ft is not None else None
         handle = self._shard_cls.options(**opts).remote(index, tables, self.commits.commit_id, ext)
         self.shard_node[handle] = node
         return handle
@@ -288,8 +284,8 @@ class Master:
         except ActorLost as err:
             # a shard died under a driver callback: a fault-tolerance controller that can repair the
             # job in place lets the callback go on (its read retried on the repaired layout)
-            repair = getattr(self.cfg.fault_tolerance, "recover_in_place", None)
-            if repair is None or not repair(self, err):
+            ft = self.cfg.fault_tolerance
+            if ft is None or not ft.recover_in_place(self.view, err):
                 raise
             return self._ps_read(table, rows)
 

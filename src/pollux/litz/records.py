@@ -10,9 +10,12 @@ from __future__ import annotations
 import pickle
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from pollux.litz.api import FaultTolerance
 
 
 @dataclass
@@ -31,17 +34,12 @@ class RuntimeConfig:
     starts from the latest checkpoint in `checkpoint_dir` when there is one (a relaunched job).
 
     `fault_tolerance` plugs in a fault-tolerance controller (SCAR's, issue 15) without Litz knowing
-    it: an object with ``start(master)`` (after the initial dispatch), ``due(master) -> bool`` (asked
-    in the master loop; True pauses dispatch until no task is in flight, then
-    ``checkpoint(master)`` runs), ``recover(master, error) -> bool`` (an actor was lost; True: it
-    repaired the job and the run goes on, False: the usual checkpoint recovery applies), optionally
-    ``recover_in_place(master, error) -> bool`` (the same, asked when a driver callback's PS read
-    failed: only a repair that leaves the master's state as it is may say True; the read is then
-    retried), optionally ``before_commit(master)`` (called before the master sends a commit, i.e.
-    before any table value changes) and ``close(master)`` (the run ended). Its optional attribute
-    ``shard_extension``, a picklable factory ``(shard index, {table: (rows, values)}) -> object``,
-    gives every PS shard a side object that `PSShardActor.extension_call` invokes with the shard's
-    data (e.g. SCAR's in-memory running checkpoint).
+    it: an object with the hooks of `pollux.litz.api.FaultTolerance` (start, due, checkpoint,
+    before_commit, recover, recover_in_place, close), each handed the job as a
+    `pollux.litz.api.RunningJob` (what it may read, and the operations a recovery needs). Its
+    ``shard_extension``, a picklable factory ``(shard index, {table: (rows, values)}) -> object`` or
+    None, gives every PS shard a side object that `PSShardActor.extension_call` invokes with the
+    shard's data (e.g. SCAR's in-memory running checkpoint).
 
     `inline_update_bytes`: a batch whose summed updates take at most this many bytes sends them
     back with its results, and the master hands them to the shards inside its next commit (one
@@ -84,7 +82,7 @@ class RuntimeConfig:
     stall_timeout_s: float = 600.0
     resume: bool = False
     poll_s: float = 0.05
-    fault_tolerance: Any = None
+    fault_tolerance: FaultTolerance | None = None
     inline_update_bytes: int = 1 << 20
     push_table_bytes: int = 1 << 20
 
@@ -139,6 +137,18 @@ class RunSummary:
 
     def to_dict(self) -> dict[str, Any]:
         return {k: v for k, v in vars(self).items()}
+
+
+@dataclass
+class PendingTask:
+    """A micro-task the driver dispatched, as the master queues it: tagged with the master's
+    version at dispatch (the completions handled by then), which its cached reads may not be older
+    than."""
+
+    task_id: int
+    executor_id: int
+    args: Any
+    version: int
 
 
 TaskSpec = tuple[int, int, int, Any, int]

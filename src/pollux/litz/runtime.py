@@ -17,7 +17,6 @@ checkpoint and goes on.
 
 from __future__ import annotations
 
-import copy
 import queue
 import time
 from collections.abc import Callable
@@ -27,11 +26,12 @@ from typing import Any
 
 from pollux.litz.api import Application, LitzError
 from pollux.litz.elastic import advance_resizes, resize_shards, resize_workers
-from pollux.litz.master import Master, PendingTask
+from pollux.litz.master import Master
 from pollux.litz.records import RunSummary, RuntimeConfig
+from pollux.litz.running_job import consistent_cut, restore_cut
 from pollux.litz.worker_links import ActorLost
 
-__all__ = ["LitzRuntime", "RunSummary", "RuntimeConfig", "consistent_cut", "restore_cut"]
+__all__ = ["LitzRuntime", "RunSummary", "RuntimeConfig"]
 
 
 class _CheckpointWriter:
@@ -176,13 +176,13 @@ class LitzRuntime:
                 if writer is not None:
                     self._checkpoint(m, writer)
             if ft is not None:
-                ft.start(m)
+                ft.start(m.view)
             while True:
                 try:
                     self._loop(m, writer)
                     break
                 except ActorLost as err:
-                    if ft is not None and ft.recover(m, err):
+                    if ft is not None and ft.recover(m.view, err):
                         continue  # repaired in place (e.g. SCAR partial recovery)
                     if writer is None:
                         raise LitzError(
@@ -200,7 +200,7 @@ class LitzRuntime:
                 if writer is not None:
                     writer.close()
                 if ft is not None:
-                    ft.close(m)
+                    ft.close(m.view)
             finally:
                 m.stop_actors()
         m.summary.wall_s = time.monotonic() - m.t0
@@ -250,10 +250,11 @@ class LitzRuntime:
             ):
                 pausing = True
             ft = cfg.fault_tolerance
-            if ft is not None and not m.finished and not pausing and ft.due(m):
+            if ft is not None and not m.finished and not pausing and ft.due(m.view):
                 pausing = ft_pausing = True
-            if pausing and ft_pausing and not m.inflight and not m.active_resizes and not m.shard_resizes:
-                ft.checkpoint(m)  # the controller's own cut (see RuntimeConfig)
+            idle = not m.inflight and not m.active_resizes and not m.shard_resizes
+            if ft is not None and pausing and ft_pausing and idle:
+                ft.checkpoint(m.view)  # the controller's own cut (see RuntimeConfig)
                 pausing = ft_pausing = False
             if (
                 pausing
@@ -315,66 +316,3 @@ class LitzRuntime:
                 f"{self.app.name}: an actor was lost and {self.config.checkpoint_dir} holds no checkpoint"
             )
         restore_cut(m, cp)
-
-
-def consistent_cut(m: Master, step: int) -> Any:
-    """A `LitzCheckpoint` of the job as it stands (call with no task in flight): updates committed,
-    executor states and tables collected. Also how a fault-tolerance controller takes a full cut."""
-    from pollux.litz.checkpoint import LitzCheckpoint
-
-    m.commit()
-    states: dict[int, Any] = {}
-    for part in m.get([w.collect_states.remote() for w in m.workers.values()]):
-        states.update(part)
-    buffered: dict[int, list[Any]] = {}
-    for t in m.pending:
-        buffered.setdefault(t.executor_id, []).append((t.task_id, t.args, t.version))
-    return LitzCheckpoint(
-        step=step,
-        driver_state=copy.deepcopy(m.driver.state_dict()),  # the driver goes on mutating it
-        buffered_tasks=copy.deepcopy(buffered),
-        executor_states={e: st for e, (st, _) in states.items()},
-        tables=m.ps_tables(),
-        meta={
-            "version": m.version,
-            "next_task_id": m.next_task_id,
-            "tasks_completed": m.summary.tasks_completed,
-            "metrics": len(m.summary.metrics),
-            "seqs": {e: q for e, (_, q) in states.items()},
-            "pending_order": [t.task_id for t in m.pending],
-        },
-    )
-
-
-def restore_cut(m: Master, cp: Any) -> None:
-    """Rebuild every actor from the cut `cp` and put the master back to it (a global restart)."""
-    resizing = list(m.active_resizes)
-    shards = len(m.layout.shards)
-    nodes = [
-        m.worker_node.get(w) for w in sorted(m.workers) if not any(w in r["leaving"] for r in resizing)
-    ]
-    m.stop_actors()
-    m.active_resizes.clear()
-    m._reset_run_state()
-    m.driver.load_state_dict(cp.driver_state)
-    m.version = int(cp.meta["version"])
-    m.next_task_id = int(cp.meta["next_task_id"])
-    m.summary.tasks_completed = int(cp.meta["tasks_completed"])
-    del m.summary.metrics[int(cp.meta["metrics"]) :]
-    tasks = {
-        tid: PendingTask(tid, e, args, v)
-        for e, items in cp.buffered_tasks.items()
-        for tid, args, v in items
-    }
-    m.pending = [tasks[tid] for tid in cp.meta["pending_order"]]
-    m.make_shards(max(1, shards), values=cp.tables)
-    m.workers.clear()
-    m.exec_worker.clear()
-    for node in nodes or [m.default_node(0)]:
-        m.make_worker(node)
-    seqs = cp.meta["seqs"]
-    m.place_executors(
-        {e: (cp.executor_states.get(e), int(seqs.get(e, 0))) for e in range(m.cfg.num_executors)}
-    )
-    m.summary.checkpoints_loaded += 1
-    m.summary.recoveries += 1

@@ -4,7 +4,8 @@
                                     every_tasks=tasks_per_epoch, recovery="partial"))
     summary = LitzRuntime(app, RuntimeConfig(num_shards=4, fault_tolerance=ctl)).run()
 
-It plugs into the runtime through `RuntimeConfig.fault_tolerance` (Litz does not import SCAR) and
+It plugs into the runtime through `RuntimeConfig.fault_tolerance` (Litz does not import SCAR) as a
+`pollux.litz.api.FaultTolerance`, and sees the job only as a `pollux.litz.api.RunningJob`; it
 plays both coordinators of the thesis's architecture; the failure detector is Ray's (a call to a dead
 shard fails, the runtime hands the error here).
 
@@ -55,9 +56,7 @@ import numpy as np
 import ray
 from ray.exceptions import GetTimeoutError, RayError
 
-from pollux.litz.master import PendingTask
-from pollux.litz.records import Layout
-from pollux.litz.runtime import consistent_cut, restore_cut
+from pollux.litz.api import RunningJob
 from pollux.scar.api import STRATEGIES, ScarError, SelectionState, select_blocks
 from pollux.scar.live.running import DISTANCES, RunningCopy
 from pollux.scar.live.store import RunningStore, TableInfo
@@ -183,26 +182,26 @@ class ScarController:
         self.lost_saves = 0  # shard copies that never came back (the shard died first)
 
     # ------------------------------------------------------------------ runtime hooks
-    def start(self, m: Any) -> None:
+    def start(self, job: RunningJob) -> None:
         """Open the store and save the starting parameters: the running checkpoint's first state."""
-        unknown = sorted(set(self.config.distances) - set(m.tables))
+        unknown = sorted(set(self.config.distances) - set(job.tables))
         if unknown:
             raise ScarError(
                 f"ScarConfig.distances: no table {', '.join(map(repr, unknown))} in this application "
-                f"(tables: {', '.join(sorted(m.tables))})"
+                f"(tables: {', '.join(sorted(job.tables))})"
             )
-        self._kinds = {t: self.config.distances.get(t, "l2") for t in sorted(m.tables)}
+        self._kinds = {t: self.config.distances.get(t, "l2") for t in sorted(job.tables)}
         Path(self.config.directory).mkdir(parents=True, exist_ok=True)
-        self._order = sorted(m.tables)
+        self._order = sorted(job.tables)
         infos = {
-            t: TableInfo(tuple(m.tables[t].shape), m.tables[t].dtype, np.asarray(m.layout.owners[t]))
+            t: TableInfo(tuple(job.tables[t].shape), job.tables[t].dtype, np.asarray(job.layout.owners[t]))
             for t in self._order
         }
         self.store = RunningStore(self.config.directory, infos, self.config.compact_every)
-        self.next_due = m.summary.tasks_completed + self.config.every_tasks
-        self._checkpoint(m, initial=True)
+        self.next_due = job.summary.tasks_completed + self.config.every_tasks
+        self._checkpoint(job, initial=True)
 
-    def before_commit(self, m: Any) -> None:
+    def before_commit(self, job: RunningJob) -> None:
         """Wait until the last checkpoint's copies are taken (Ray does not order an async actor's
         calls, so the commit could otherwise overtake them); the wait counts as overhead."""
         if self._copies_taken is not None:
@@ -212,15 +211,15 @@ class ScarController:
             if self.checkpoints:
                 self.checkpoints[-1].commit_wait_s += time.perf_counter() - t0
 
-    def due(self, m: Any) -> bool:
-        return bool(m.summary.tasks_completed >= self.next_due)
+    def due(self, job: RunningJob) -> bool:
+        return bool(job.summary.tasks_completed >= self.next_due)
 
-    def checkpoint(self, m: Any) -> None:
-        self._checkpoint(m, initial=False)
-        while self.next_due <= m.summary.tasks_completed:
+    def checkpoint(self, job: RunningJob) -> None:
+        self._checkpoint(job, initial=False)
+        while self.next_due <= job.summary.tasks_completed:
             self.next_due += self.config.every_tasks
 
-    def close(self, m: Any) -> None:
+    def close(self, job: RunningJob) -> None:
         try:
             if self.store is not None:
                 self._drain()
@@ -228,20 +227,20 @@ class ScarController:
         finally:
             self._collector.shutdown(wait=True)
 
-    def recover_in_place(self, m: Any, err: BaseException) -> bool:
+    def recover_in_place(self, job: RunningJob, err: BaseException) -> bool:
         """A shard died under a driver callback: repair only if the master need not go back (a full
         recovery rewinds the driver, so it waits until the callback has unwound)."""
-        return self.config.recovery == "partial" and self.recover(m, err)
+        return self.config.recovery == "partial" and self.recover(job, err)
 
-    def recover(self, m: Any, err: BaseException) -> bool:
+    def recover(self, job: RunningJob, err: BaseException) -> bool:
         if self.store is None:
             return False
         if self.config.recovery == "full":
-            return self._recover_full(m)
-        return self._recover_partial(m)
+            return self._recover_full(job)
+        return self._recover_partial(job)
 
     # ------------------------------------------------------------------ checkpoints
-    def _checkpoint(self, m: Any, initial: bool) -> None:
+    def _checkpoint(self, job: RunningJob, initial: bool) -> None:
         """Commit, ask every shard for its rows' distances, and let training go on: the selection
         and the shards' copies of the chosen rows follow on the collector thread, and
         `before_commit` holds the next commit until the copies are taken, so they are of this
@@ -249,30 +248,30 @@ class ScarController:
         assert self.store is not None
         t0 = time.perf_counter()
         cfg = self.config
-        m.commit()
-        shards = list(m.layout.shards)
-        owners = {t: np.asarray(m.layout.owners[t]) for t in self._order}
-        commit_id = m.commits.commit_id
+        job.commit()
+        shards = list(job.layout.shards)
+        owners = {t: np.asarray(job.layout.owners[t]) for t in self._order}
+        commit_id = job.commit_id
         dist_refs = [s.extension_call.remote("distances", (self._kinds,), commit_id) for s in shards]
         full = initial or len(self.checkpoints) <= cfg.full_first  # checkpoints[0] is the initial
         record = CheckpointRecord(
-            t=time.monotonic() - m.t0,
-            tasks_completed=m.summary.tasks_completed,
+            t=job.elapsed_s(),
+            tasks_completed=job.summary.tasks_completed,
             pause_s=0.0,
             rows_saved=0,
-            tables=m.ps_tables() if cfg.inspect else None,
+            tables=job.ps_tables() if cfg.inspect else None,
         )
         plan = (record, dist_refs, shards, owners, commit_id, full)
         if initial:
-            m.get(dist_refs)  # a lost shard is the runtime's error here, before training starts
+            job.get(dist_refs)  # a lost shard is the runtime's error here, before training starts
             self._select_and_copy(*plan, threading.Event())
         else:
             self._copies_taken = threading.Event()
             self._collected.append(self._collector.submit(self._select_and_copy, *plan, self._copies_taken))
         if cfg.recovery == "full":
-            cut = consistent_cut(m, len(self.checkpoints))
+            cut = job.consistent_cut(len(self.checkpoints))
             cut.tables = {}  # the tables come back from the store at recovery
-            self._cut = _Cut(cut, m.summary.tasks_completed)
+            self._cut = _Cut(cut, job.summary.tasks_completed)
         record.pause_s = time.perf_counter() - t0
         self.checkpoints.append(record)
 
@@ -348,60 +347,48 @@ class ScarController:
         self.store.flush()
 
     # ------------------------------------------------------------------ recovery
-    def _settle(self, m: Any) -> int:
+    def _settle(self, job: RunningJob) -> int:
         """Wait for in-flight batches (they may have failed), queue their tasks again, drop commits
         that cannot complete. Returns the number of tasks queued again."""
-        timeout = self.config.detect_timeout_s
-        m.await_inflight(timeout)
-        again = [PendingTask(t.task_id, t.executor_id, t.args, t.version) for t in m.tasks.values()]
-        again.sort(key=lambda t: t.task_id)
-        m.pending = again + list(m.pending)
-        m.tasks.clear()
-        m.inflight.clear()
-        if m.commits.refs:
-            ray.wait(m.commits.refs, num_returns=len(m.commits.refs), timeout=timeout)
-            m.commits.refs = []
-        return len(again)
+        return job.requeue_inflight(self.config.detect_timeout_s)
 
-    def _dead_shards(self, m: Any) -> list[int]:
+    def _dead_shards(self, job: RunningJob) -> list[int]:
         dead = []
-        for k, s in enumerate(m.layout.shards):
+        for k, s in enumerate(job.layout.shards):
             try:
                 ray.get(s.ping.remote(), timeout=self.config.detect_timeout_s)
             except (RayError, GetTimeoutError):
                 dead.append(k)
         return dead
 
-    def _recover_partial(self, m: Any) -> bool:
+    def _recover_partial(self, job: RunningJob) -> bool:
         assert self.store is not None
         t0 = time.perf_counter()
-        before = m.summary.tasks_completed
-        requeued = self._settle(m)
-        dead = self._dead_shards(m)
+        before = job.summary.tasks_completed
+        requeued = self._settle(job)
+        dead = self._dead_shards(job)
         if not dead:
             return False  # a worker died: Litz's own recovery (if configured) applies
         self._drain()
-        lost = {t: np.flatnonzero(np.isin(m.layout.owners[t], dead)) for t in self._order}
+        lost = {t: np.flatnonzero(np.isin(job.layout.owners[t], dead)) for t in self._order}
         res = self.store.load(lost)
         for t in self._order:
             if not np.array_equal(res.rows[t], lost[t]):
                 raise ScarError(f"running checkpoint {self.config.directory}: table {t!r} lacks lost rows")
-        shards = list(m.layout.shards)
+        replacements: dict[int, dict[str, tuple[np.ndarray, np.ndarray]]] = {}
         for k in dead:
             tables = {}
             for t in self._order:
-                rows = np.flatnonzero(m.layout.owners[t] == k)
+                rows = np.flatnonzero(job.layout.owners[t] == k)
                 vals = res.values[t][np.searchsorted(res.rows[t], rows)]
-                tables[t] = (rows, vals.astype(m.tables[t].dtype))
-            ray.kill(shards[k], no_restart=True)
-            shards[k] = m.make_shard(k, tables, m.default_node(k))
-        m.layout = Layout(m.layout.layout_id + 1, m.layout.owners, shards)
-        m.shard_pids = m.get([s.pid.remote() for s in shards])
-        m.summary.recoveries += 1
-        m.summary.checkpoints_loaded += 1
+                tables[t] = (rows, vals.astype(job.tables[t].dtype))
+            replacements[k] = tables
+        job.replace_shards(replacements)
+        job.summary.recoveries += 1
+        job.summary.checkpoints_loaded += 1
         self.recoveries.append(
             RecoveryRecord(
-                t=time.monotonic() - m.t0,
+                t=job.elapsed_s(),
                 kind="partial",
                 dead_shards=dead,
                 rows_lost=int(sum(r.size for r in lost.values())),
@@ -409,43 +396,43 @@ class ScarController:
                 full_bytes=self.store.full_bytes(),
                 duration_s=time.perf_counter() - t0,
                 tasks_before=before,
-                tasks_after=m.summary.tasks_completed,
+                tasks_after=job.summary.tasks_completed,
                 requeued=requeued,
                 restored=lost if self.config.inspect else None,
-                tables_after=m.ps_tables() if self.config.inspect else None,
+                tables_after=job.ps_tables() if self.config.inspect else None,
             )
         )
         return True
 
-    def _recover_full(self, m: Any) -> bool:
+    def _recover_full(self, job: RunningJob) -> bool:
         assert self.store is not None
         if self._cut.cp is None:
             return False
         t0 = time.perf_counter()
-        before = m.summary.tasks_completed
+        before = job.summary.tasks_completed
         self._drain()
         res = self.store.load()
         cp = copy.deepcopy(self._cut.cp)
         cp.tables = {}
         for t in self._order:
-            if res.rows[t].size != m.tables[t].shape[0]:
+            if res.rows[t].size != job.tables[t].shape[0]:
                 raise ScarError(f"running checkpoint {self.config.directory}: table {t!r} is incomplete")
-            cp.tables[t] = res.values[t].astype(m.tables[t].dtype)
-        restore_cut(m, cp)  # every actor rebuilt, the master back at the cut
-        self.next_due = m.summary.tasks_completed + self.config.every_tasks
+            cp.tables[t] = res.values[t].astype(job.tables[t].dtype)
+        job.restore_cut(cp)  # every actor rebuilt, the master back at the cut
+        self.next_due = job.summary.tasks_completed + self.config.every_tasks
         self.recoveries.append(
             RecoveryRecord(
-                t=time.monotonic() - m.t0,
+                t=job.elapsed_s(),
                 kind="full",
                 dead_shards=[],
-                rows_lost=int(sum(m.tables[t].shape[0] for t in self._order)),
+                rows_lost=int(sum(job.tables[t].shape[0] for t in self._order)),
                 bytes_read=res.bytes_read,
                 full_bytes=self.store.full_bytes(),
                 duration_s=time.perf_counter() - t0,
                 tasks_before=before,
-                tasks_after=m.summary.tasks_completed,
+                tasks_after=job.summary.tasks_completed,
                 requeued=0,
-                tables_after=m.ps_tables() if self.config.inspect else None,
+                tables_after=job.ps_tables() if self.config.inspect else None,
             )
         )
         return True
