@@ -180,12 +180,12 @@ def test_application_error_is_named(cluster):
 def test_a_worker_without_a_channel_gets_its_batches_as_ray_calls(cluster, monkeypatch):
     # the network refuses the master's connection (as a firewall between nodes would): the run
     # warns, sends that worker's batches as Ray calls, and computes the same thing
-    import pollux.litz.master as master_mod
+    import pollux.litz.worker_links as links_mod
 
     def refuse(address, token, timeout_s=10.0):
         raise ConnectionRefusedError(f"refused: {address}")
 
-    monkeypatch.setattr(master_mod, "ChannelClient", refuse)
+    monkeypatch.setattr(links_mod, "ChannelClient", refuse)
     app = h.lsq_app(iterations=6)
     with pytest.warns(RuntimeWarning, match="no direct channel"):
         summary = LitzRuntime(app, h.config(num_executors=4, num_workers=2, num_shards=2)).run()

@@ -38,9 +38,12 @@ class CommitOwner(Protocol):
     """What the commit log reads from the master."""
 
     cfg: RuntimeConfig
-    #: The current PS layout: the shards a commit goes to, and which rows each owns.
-    layout: Layout
     mirror: TableMirror
+
+    @property
+    def layout(self) -> Layout:
+        """The current PS layout: the shards a commit goes to, and which rows each owns."""
+        ...
 
     @property
     def view(self) -> RunningJob:

@@ -22,23 +22,12 @@ import numpy as np
 import ray
 from ray.exceptions import RayError
 
-from pollux.litz.master import Master, wait_dead
-from pollux.litz.records import Layout, shard_assignment
-
-
-def _loads(m: Master, wids: list[int]) -> dict[int, list[int]]:
-    out: dict[int, list[int]] = {w: [] for w in wids}
-    for e, w in sorted(m.exec_worker.items()):
-        if w in out:
-            out[w].append(e)
-    return out
+from pollux.litz.master import Master
+from pollux.litz.records import shard_assignment
 
 
 def _move(m: Master, e: int, dst: int, send_input: bool) -> Any:
-    src = m.exec_worker[e]
-    package = m.workers[src].release_executor.remote(e, m.next_seq[e], send_input)
-    m.exec_worker[e] = dst
-    return m.workers[dst].add_executor.remote(e, package)
+    return m.members.move_executor(e, dst, m.next_seq[e], send_input)
 
 
 def resize_workers(m: Master, num_workers: int | None = None, node_ids: list[str] | None = None) -> None:
@@ -48,14 +37,15 @@ def resize_workers(m: Master, num_workers: int | None = None, node_ids: list[str
     already on a listed node stay, the others leave, missing ones are created there. Otherwise
     `num_workers` workers: new ones are added, or the newest ones leave.
     """
-    before = sorted(m.workers)
+    members = m.members
+    before = sorted(members.workers)
     if node_ids:
-        m.node_ids = list(node_ids)  # the job's nodes from now on (new workers and shards go there)
+        members.node_ids = list(node_ids)  # the job's nodes from now on (new workers and shards go there)
         wanted = list(node_ids)
         staying: list[int] = []
         leaving: list[int] = []
         for w in before:
-            node = m.worker_node.get(w)
+            node = members.nodes.get(w)
             if node is not None and node in wanted:
                 wanted.remove(node)
                 staying.append(w)
@@ -66,7 +56,7 @@ def resize_workers(m: Master, num_workers: int | None = None, node_ids: list[str
         if num_workers is None or num_workers < 1:
             raise ValueError(f"resize: num_workers must be >= 1, got {num_workers}")
         staying, leaving = before[:num_workers], before[num_workers:]
-        new_nodes = [m.default_node(len(before) + i) for i in range(num_workers - len(before))]
+        new_nodes = [members.default_node(len(before) + i) for i in range(num_workers - len(before))]
     if not leaving and not new_nodes:
         return
     new: list[int] = []
@@ -74,11 +64,7 @@ def resize_workers(m: Master, num_workers: int | None = None, node_ids: list[str
         for node in new_nodes:
             new.append(m.make_worker(node))
     except Exception as err:  # e.g. a malformed node id: the job goes on as it was
-        for w in new:
-            m.forget_worker(w)
-            ray.kill(m.workers.pop(w), no_restart=True)
-            m.worker_node.pop(w, None)
-            m.worker_layout.pop(w, None)
+        members.remove(new)
         now = time.monotonic() - m.t0
         m.summary.resizes.append(
             {
@@ -106,7 +92,7 @@ def resize_workers(m: Master, num_workers: int | None = None, node_ids: list[str
     m.summary.resizes.append(rec)
     item = {"record": rec, "refs": [], "leaving": leaving, "staying": staying, "new": new}
     # executors move only once the new workers run (their start takes seconds, the job goes on)
-    item["starting"] = [m.workers[w].pid.remote() for w in new]
+    item["starting"] = [members.workers[w].pid.remote() for w in new]
     m.active_resizes.append(item)
     if not new:
         _start_moves(m, item)
@@ -118,11 +104,11 @@ def _start_moves(m: Master, item: dict[str, Any]) -> None:
     item["record"]["t_ready"] = time.monotonic() - m.t0
     sizes = [len(b) for b in np.array_split(np.arange(m.cfg.num_executors), len(targets))]
     quota = dict(zip(targets, sizes, strict=True))
-    loads = _loads(m, targets)
+    loads = m.members.executors_of(targets)
     refs: list[Any] = []
     # scale-in part: executors of leaving workers re-load their input on the target
     for w in leaving:
-        for e in _loads(m, [w])[w]:
+        for e in m.members.executors_of([w])[w]:
             dst = max(targets, key=lambda x: (quota[x] - len(loads[x]), -x))
             loads[dst].append(e)
             refs.append(_move(m, e, dst, send_input=False))
@@ -154,19 +140,12 @@ def _new_workers_ready(m: Master, item: dict[str, Any]) -> bool:
             raise TimeoutError(f"not running after {waited:.0f} s (RuntimeConfig.worker_start_timeout_s)")
         pids = ray.get(starting)
     except (RayError, TimeoutError) as err:
-        for w in item["new"]:
-            m.forget_worker(w)
-        handles = [m.workers.pop(w) for w in item["new"]]
-        for h in handles:
-            ray.kill(h, no_restart=True)
-        for w in item["new"]:
-            m.worker_node.pop(w, None)
-            m.worker_layout.pop(w, None)
+        m.members.remove(item["new"])
         item["record"]["error"] = f"new workers did not start: {type(err).__name__}: {err}"
         item["record"]["t_done"] = time.monotonic() - m.t0
         m.active_resizes.remove(item)
         return False
-    m.worker_pids.update(zip(item["new"], pids, strict=True))
+    m.members.record_pids(item["new"], pids)
     _start_moves(m, item)
     return True
 
@@ -187,28 +166,12 @@ def advance_resizes(m: Master) -> None:
         leaving = item["leaving"]
         if any(info.worker_id in leaving for info in m.inflight.values()):
             continue
-        for w in leaving:
-            m.forget_worker(w)
-        handles = [m.workers.pop(w) for w in leaving]
-        for h in handles:
-            ray.kill(h, no_restart=True)
-        wait_dead(handles)
-        for w in leaving:
-            m.worker_layout.pop(w, None)
-            m.worker_pids.pop(w, None)
-            m.worker_node.pop(w, None)
+        m.members.remove(leaving, wait=True)
         item["record"]["t_done"] = time.monotonic() - m.t0
         m.active_resizes.remove(item)
     for item in list(m.shard_resizes):
         _advance_shard_resize(m, item)
-    oldest = m.oldest_inflight_batch()
-    gone = [(b, h) for b, h in m.retired_shards if b < oldest]
-    if gone:
-        m.retired_shards = [(b, h) for b, h in m.retired_shards if b >= oldest]
-        for _, h in gone:
-            ray.kill(h, no_restart=True)
-            m.shard_node.pop(h, None)
-        wait_dead([h for _, h in gone])
+    m.shards.drop_retired(m.oldest_inflight_batch())
 
 
 def resize_shards(m: Master, num_shards: int, node_ids: list[str] | None = None) -> None:
@@ -222,7 +185,7 @@ def resize_shards(m: Master, num_shards: int, node_ids: list[str] | None = None)
         raise ValueError(f"resize: num_shards must be >= 1, got {num_shards}")
     old = list(m.layout.shards)
     keep = [
-        k < len(old) and (not node_ids or m.shard_node.get(old[k]) in node_ids) for k in range(num_shards)
+        k < len(old) and (not node_ids or m.shards.nodes.get(old[k]) in node_ids) for k in range(num_shards)
     ]
     if num_shards == len(old) and all(keep):
         return
@@ -248,8 +211,8 @@ def resize_shards(m: Master, num_shards: int, node_ids: list[str] | None = None)
             if keep[k]:
                 handles.append(old[k])
                 continue
-            node = node_ids[k % len(node_ids)] if node_ids else m.default_node(k)
-            new.append(m.make_shard(k, empty, node))
+            node = node_ids[k % len(node_ids)] if node_ids else m.members.default_node(k)
+            new.append(m.shards.make(k, empty, node, m.commits.commit_id))
             handles.append(new[-1])
     except Exception as err:  # e.g. a malformed node id: the job goes on as it was
         _cancel_shards(m, {"record": rec, "new": new}, f"new shards could not be created: {err}")
@@ -259,9 +222,7 @@ def resize_shards(m: Master, num_shards: int, node_ids: list[str] | None = None)
 
 
 def _cancel_shards(m: Master, item: dict[str, Any], error: str) -> None:
-    for h in item["new"]:
-        ray.kill(h, no_restart=True)
-        m.shard_node.pop(h, None)
+    m.shards.discard(item["new"])
     item["record"]["error"] = error
     item["record"]["t_done"] = time.monotonic() - m.t0
     if item in m.shard_resizes:
@@ -295,9 +256,8 @@ def _advance_shard_resize(m: Master, item: dict[str, Any]) -> None:
         [h.migrate.remote(owners, handles, m.commits.commit_id, index.get(h, -1)) for h in handles + retired]
     )
     rec["moved"] = int(sum(moved))
-    m.layout = Layout(m.layout.layout_id + 1, owners, handles)
+    m.shards.install(owners, handles)
     m.mirror.relabel(m.layout.layout_id - 1, m.layout.layout_id)  # rows moved, values did not
-    m.shard_pids = m.get([h.pid.remote() for h in m.layout.shards])
-    m.retired_shards += [(m.next_batch_id - 1, h) for h in retired]
+    m.shards.retire(retired, m.next_batch_id - 1)
     rec["t_done"] = time.monotonic() - m.t0
     m.shard_resizes.remove(item)

@@ -22,13 +22,14 @@ from typing import Any
 
 import numpy as np
 import ray
-from ray.exceptions import RayActorError, RayError, RayTaskError
+from ray.exceptions import RayActorError, RayTaskError
 
+from pollux.litz.actors import wait_dead
 from pollux.litz.api import Application, ApplicationError, LitzError, TaskResult
 from pollux.litz.channel import ChannelClosed
 from pollux.litz.commit_log import CommitLog
+from pollux.litz.membership import Membership
 from pollux.litz.mirror import TableMirror
-from pollux.litz.ps import PSShardActor
 from pollux.litz.records import (
     Layout,
     PendingTask,
@@ -37,11 +38,10 @@ from pollux.litz.records import (
     TableMeta,
     TaskSpec,
     pack,
-    shard_assignment,
     unpack,
 )
 from pollux.litz.running_job import MasterView
-from pollux.litz.worker import LitzWorkerActor, SequentialWorkerActor
+from pollux.litz.shard_layout import ShardLayout
 from pollux.litz.worker_links import ActorLost, InFlight, WorkerLinks, raise_batch_error
 
 #: Inline updates held back from the shards while every table travels with the batches: a commit is
@@ -81,23 +81,12 @@ class _Context:
         rec = {"t": time.monotonic() - m.t0, "version": m.version, **metrics}
         m.summary.metrics.append(rec)
         if m.on_progress is not None:
-            m.on_progress(dict(rec, workers=len(m.workers), shards=len(m.layout.shards)))
+            m.on_progress(dict(rec, workers=len(m.members.workers), shards=len(m.layout.shards)))
 
     def finish(self, result: Mapping[str, Any] | None = None) -> None:
         self._m.finished = True
         self._m.driver_finished = True
         self._m.summary.final = dict(result or {})
-
-
-def _options(cfg: RuntimeConfig, node: str | None) -> dict[str, Any]:
-    opts: dict[str, Any] = {"num_cpus": cfg.worker_num_cpus, "max_concurrency": cfg.max_concurrency}
-    if cfg.worker_resources:
-        opts["resources"] = dict(cfg.worker_resources)
-    if node is not None:
-        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
-
-        opts["scheduling_strategy"] = NodeAffinitySchedulingStrategy(node, soft=False)
-    return opts
 
 
 class Master:
@@ -118,30 +107,16 @@ class Master:
         self.links = WorkerLinks(self)
         self.view = MasterView(self)  # what a fault-tolerance controller sees
         self.reset_run_state()
-        self.workers: dict[int, Any] = {}
-        self.worker_pids: dict[int, int] = {}
-        self.shard_pids: list[int] = []
-        self.worker_node: dict[int, str | None] = {}
-        self.shard_node: dict[Any, str | None] = {}
-        self.worker_layout: dict[int, int] = {}
-        self.exec_worker: dict[int, int] = {}
-        self.next_worker_id = 0
-        self.layout = Layout(0, {}, [])
-        self.retired_shards: list[tuple[int, Any]] = []  # (last batch id that may use it, handle)
+        self.members = Membership(app, cfg, self.tables, self.links, self.get)
+        self.shards = ShardLayout(cfg, self.tables, self.get)
         self.active_resizes: list[dict[str, Any]] = []  # worker resizes under way
         self.shard_resizes: list[dict[str, Any]] = []  # shard resizes waiting for their new actors
-        self.node_ids = list(cfg.node_ids) if cfg.node_ids else None
         # no push under a fault-tolerance controller: the tasks' reads are then also what notices
         # a lost shard before another commit lands on the others (SCAR's partial recovery keeps
         # the surviving rows exactly as they were when the shard was lost)
         push_bytes = cfg.push_table_bytes if cfg.fault_tolerance is None else 0
         self.mirror = TableMirror(self.tables, push_bytes)
         self.push_tables: set[str] = set()  # tables tasks read whole (pushed with every batch)
-        # with the direct channel a worker is an async actor: the batches it reads from its socket
-        # and the Ray calls that move executors share its event loop (see `open_channel`)
-        sequential = cfg.sequential_workers and not cfg.direct_channel
-        self._worker_cls = ray.remote(SequentialWorkerActor if sequential else LitzWorkerActor)
-        self._shard_cls = ray.remote(PSShardActor)
 
     def reset_run_state(self) -> None:
         """Queues, commits and counters back to a run's start (a cut is then restored over them)."""
@@ -158,85 +133,29 @@ class Master:
         self.driver_finished = False  # the driver called finish(): completions no longer go to it
 
     # ------------------------------------------------------------------ actors
+    @property
+    def layout(self) -> Layout:
+        """The current PS layout (`ShardLayout`)."""
+        return self.shards.layout
+
     def make_shards(self, num_shards: int, values: Mapping[str, np.ndarray] | None = None) -> None:
         """Create `num_shards` shards holding `values` (default: the tables' initial values)."""
-        owners = {n: shard_assignment(m.shape[0], num_shards, self.cfg.seed) for n, m in self.tables.items()}
         start: dict[str, np.ndarray] = {}
         for name, meta in self.tables.items():
             full = values[name] if values is not None else self.specs[name].init
             start[name] = (
                 np.zeros(meta.shape, dtype=meta.dtype) if full is None else np.asarray(full, dtype=meta.dtype)
             )
-        shards: list[Any] = []
-        for k in range(num_shards):
-            tables = {}
-            for name in self.tables:
-                rows = np.flatnonzero(owners[name] == k)
-                tables[name] = (rows, start[name][rows])
-            shards.append(self.make_shard(k, tables, self.default_node(k)))
-        self.layout = Layout(self.layout.layout_id + 1, owners, shards)
+        self.shards.create(num_shards, start, self.members.default_node, self.commits.commit_id)
         self.mirror.reset(self.layout.layout_id, start)
-        self.shard_pids = self.get([s.pid.remote() for s in shards])
-
-    def make_shard(
-        self, index: int, tables: dict[str, tuple[np.ndarray, np.ndarray]], node: str | None
-    ) -> Any:
-        """Create shard actor `index` holding `tables` (on Ray node `node` when given)."""
-        opts = _options(self.cfg, node)
-        opts.pop("resources", None)  # custom resources count workers only
-        ft = self.cfg.fault_tolerance
-        ext = ft.shard_extension if ft is not None else None
-        handle = self._shard_cls.options(**opts).remote(index, tables, self.commits.commit_id, ext)
-        self.shard_node[handle] = node
-        return handle
-
-    def default_node(self, index: int) -> str | None:
-        """Node of the `index`-th worker when no node is asked for: `RuntimeConfig.node_ids` cycled."""
-        return self.node_ids[index % len(self.node_ids)] if self.node_ids else None
 
     def make_worker(self, node: str | None = None) -> int:
-        """Create a worker (on Ray node `node` when given); it hosts no executor yet."""
-        wid = self.next_worker_id
-        self.next_worker_id += 1
-        self.worker_node[wid] = node
-        opts = _options(self.cfg, node)
-        if self.cfg.sequential_workers and not self.cfg.direct_channel:
-            opts["max_concurrency"] = 1  # one call at a time, in the order sent
-        handle: Any = self._worker_cls.options(**opts).remote(
-            wid,
-            self.app,
-            self.cfg.num_executors,
-            self.tables,
-            self.layout,
-            self.cfg.task_floor_s,
-            self.cfg.inline_update_bytes,
-        )
-        self.workers[wid] = handle
-        self.worker_layout[wid] = self.layout.layout_id
-        if self.cfg.direct_channel:
-            self.links.open(wid, handle, overlap=not self.cfg.sequential_workers)
-        return wid
-
-    def forget_worker(self, wid: int) -> None:
-        """Close worker `wid`'s channel and stop watching it (before its actor is killed)."""
-        self.links.forget(wid)
+        """Create a worker (on Ray node `node` when given) that knows the current layout."""
+        return self.members.make(node, self.layout)
 
     def place_executors(self, states: Mapping[int, tuple[Any, int]] | None = None) -> None:
-        """Spread all executors over the workers in contiguous balanced blocks, loading inputs."""
-        wids = sorted(self.workers)
-        refs = []
-        for wid, block in zip(
-            wids, np.array_split(np.arange(self.cfg.num_executors), len(wids)), strict=True
-        ):
-            for e in block.tolist():
-                state, seq = (states or {}).get(e, (None, 0))
-                self.exec_worker[e] = wid
-                self.next_seq[e] = seq
-                refs.append(self.workers[wid].add_executor.remote(e, {"state": state, "next_seq": seq}))
-        self.get(refs)
-        self.worker_pids = dict(
-            zip(wids, self.get([self.workers[w].pid.remote() for w in wids]), strict=True)
-        )
+        """Spread all executors over the workers, loading inputs (`Membership.place_executors`)."""
+        self.members.place_executors(self.next_seq, states)
 
     def get(self, refs: Any, timeout: float | None = None) -> Any:
         """`ray.get` with actor deaths turned into `ActorLost` and application errors named."""
@@ -256,17 +175,12 @@ class Master:
 
     def stop_actors(self) -> None:
         """Kill every worker and shard and wait until Ray reports each one gone."""
-        handles = list(self.workers.values()) + list(self.layout.shards) + [h for _, h in self.retired_shards]
+        handles = self.members.forget_all() + self.shards.take_all()
         handles += [h for item in self.shard_resizes for h in item["new"]]
         self.shard_resizes.clear()
-        for wid in list(self.workers):
-            self.forget_worker(wid)
         for h in handles:
             ray.kill(h, no_restart=True)
         wait_dead(handles)
-        self.workers.clear()
-        self.layout = Layout(self.layout.layout_id + 1, self.layout.owners, [])
-        self.retired_shards.clear()
 
     # ------------------------------------------------------------------ PS
     def commit(self) -> None:
@@ -328,11 +242,12 @@ class Master:
             spec = (task.task_id, e, self.next_seq[e], task.args, task.version)
             self.next_seq[e] += 1
             self.tasks[task.task_id] = task
-            batches.setdefault(self.exec_worker[e], []).append(spec)
+            batches.setdefault(self.members.exec_worker[e], []).append(spec)
         self.pending = []
         for wid, specs in batches.items():
-            layout = self.layout if self.worker_layout[wid] < self.layout.layout_id else None
-            self.worker_layout[wid] = self.layout.layout_id
+            known = self.members.layouts
+            layout = self.layout if known[wid] < self.layout.layout_id else None
+            known[wid] = self.layout.layout_id
             bid = self.next_batch_id
             payload = pack((bid, specs, self.commits.commit_id, push or None, self.version))
             self.next_batch_id += 1
@@ -347,7 +262,7 @@ class Master:
                 except ChannelClosed as err:
                     raise ActorLost(f"worker {wid}: {err}") from err
             else:  # a new layout (holding actor handles) goes as a Ray call, as without the channel
-                run = self.workers[wid].run_batch
+                run = self.members.workers[wid].run_batch
                 ref = run.remote(payload) if layout is None else run.remote(payload, layout)
                 self.inflight[ref] = info
 
@@ -400,17 +315,3 @@ class Master:
 
     def oldest_inflight_batch(self) -> int:
         return min((i.batch_id for i in self.inflight.values()), default=self.next_batch_id)
-
-
-def wait_dead(handles: list[Any], timeout: float = 30.0) -> None:
-    """Block until every actor in `handles` answers a ping with an actor-died error."""
-    deadline = time.monotonic() + timeout
-    for h in handles:
-        while time.monotonic() < deadline:
-            try:
-                ray.get(h.ping.remote(), timeout=max(0.1, deadline - time.monotonic()))
-            except RayActorError:
-                break
-            except RayError:
-                break
-            time.sleep(0.02)

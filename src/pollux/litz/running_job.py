@@ -16,7 +16,6 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import ray
 
 from pollux.litz.api import ShardRows
 from pollux.litz.records import Layout, PendingTask, RunSummary, TableMeta
@@ -79,12 +78,7 @@ class MasterView:
         """A new actor for each shard index in ``rows`` (on the node a shard of that index goes
         to), the old one killed; the owners of the rows stay as they were."""
         m = self._master
-        shards = list(m.layout.shards)
-        for k, tables in sorted(rows.items()):
-            ray.kill(shards[k], no_restart=True)
-            shards[k] = m.make_shard(k, dict(tables), m.default_node(k))
-        m.layout = Layout(m.layout.layout_id + 1, m.layout.owners, shards)
-        m.shard_pids = m.get([s.pid.remote() for s in shards])
+        m.shards.replace(rows, m.members.default_node, m.commits.commit_id)
 
     def consistent_cut(self, step: int) -> LitzCheckpoint:
         return consistent_cut(self._master, step)
@@ -100,7 +94,7 @@ def consistent_cut(m: Master, step: int) -> LitzCheckpoint:
 
     m.commit()
     states: dict[int, Any] = {}
-    for part in m.get([w.collect_states.remote() for w in m.workers.values()]):
+    for part in m.get([w.collect_states.remote() for w in m.members.workers.values()]):
         states.update(part)
     buffered: dict[int, list[Any]] = {}
     for t in m.pending:
@@ -126,8 +120,9 @@ def restore_cut(m: Master, cp: LitzCheckpoint) -> None:
     """Rebuild every actor from the cut `cp` and put the master back to it (a global restart)."""
     resizing = list(m.active_resizes)
     shards = len(m.layout.shards)
+    members = m.members
     nodes = [
-        m.worker_node.get(w) for w in sorted(m.workers) if not any(w in r["leaving"] for r in resizing)
+        members.nodes.get(w) for w in sorted(members.workers) if not any(w in r["leaving"] for r in resizing)
     ]
     m.stop_actors()
     m.active_resizes.clear()
@@ -144,9 +139,7 @@ def restore_cut(m: Master, cp: LitzCheckpoint) -> None:
     }
     m.pending = [tasks[tid] for tid in cp.meta["pending_order"]]
     m.make_shards(max(1, shards), values=cp.tables)
-    m.workers.clear()
-    m.exec_worker.clear()
-    for node in nodes or [m.default_node(0)]:
+    for node in nodes or [members.default_node(0)]:
         m.make_worker(node)
     seqs = cp.meta["seqs"]
     m.place_executors(

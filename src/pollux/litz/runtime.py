@@ -122,7 +122,7 @@ class LitzRuntime:
     @property
     def num_workers(self) -> int:
         m = self._master
-        return len(m.workers) if m is not None else self.config.num_workers
+        return len(m.members.workers) if m is not None else self.config.num_workers
 
     def status(self) -> dict[str, Any]:
         """A snapshot for the live service and progress displays (safe from any thread)."""
@@ -131,7 +131,7 @@ class LitzRuntime:
             return {"running": False, "workers": self.config.num_workers, "shards": self.config.num_shards}
         return {
             "running": True,
-            "workers": len(m.workers),
+            "workers": len(m.members.workers),
             "shards": len(m.layout.shards),
             "version": m.version,
             "tasks_completed": m.summary.tasks_completed,
@@ -145,12 +145,12 @@ class LitzRuntime:
     def worker_pids(self) -> dict[int, int]:
         """{worker id: process id} of the live workers (tests kill one to check recovery)."""
         m = self._master
-        return dict(m.worker_pids) if m is not None else {}
+        return dict(m.members.pids) if m is not None else {}
 
     def shard_pids(self) -> list[int]:
         """Process ids of the PS shards of the current layout (tests kill one)."""
         m = self._master
-        return list(m.shard_pids) if m is not None else []
+        return list(m.shards.pids) if m is not None else []
 
     # ------------------------------------------------------------------ the run
     def run(self, on_progress: Callable[[dict[str, Any]], None] | None = None) -> RunSummary:
@@ -165,7 +165,7 @@ class LitzRuntime:
         try:
             m.make_shards(cfg.num_shards)
             for i in range(cfg.num_workers):
-                m.make_worker(m.default_node(i))
+                m.make_worker(m.members.default_node(i))
             m.place_executors()
             if cfg.resume and writer is not None and writer.store.steps():
                 self._recover(m, writer)             # a relaunched job: from its latest checkpoint
@@ -193,7 +193,7 @@ class LitzRuntime:
                             f"{self.app.name}: gave up after {m.summary.recoveries} recoveries: {err}"
                         ) from err
                     self._recover(m, writer)
-            m.summary.num_workers = len(m.workers)
+            m.summary.num_workers = len(m.members.workers)
             m.summary.num_shards = len(m.layout.shards)
         finally:
             try:

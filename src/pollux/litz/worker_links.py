@@ -45,8 +45,6 @@ class InFlight:
 class LinkOwner(Protocol):
     """What the links read from the master."""
 
-    #: The worker actors by worker id.
-    workers: dict[int, Any]
     #: The batches in flight, under their batch id (channel) or their Ray call's ObjectRef.
     inflight: dict[Any, InFlight]
     summary: RunSummary
@@ -65,6 +63,8 @@ class WorkerLinks:
         self.channels: dict[int, ChannelClient] = {}
         #: worker → the reference of its ``open_channel`` call: the (host, port) it listens on.
         self.channel_refs: dict[int, Any] = {}
+        #: worker → its actor, from ``open`` (watched once its channel connects).
+        self.handles: dict[int, Any] = {}
         #: the reference of a worker's ``watch`` call → the worker; it returns when the worker dies.
         self.sentinels: dict[Any, int] = {}
         #: Results read from a channel and not yet handled, by batch id.
@@ -72,6 +72,7 @@ class WorkerLinks:
 
     def open(self, wid: int, handle: Any, overlap: bool) -> None:
         """Ask a new worker to listen for its channel; the master connects on first use."""
+        self.handles[wid] = handle
         self.channel_refs[wid] = handle.open_channel.remote(self.token, overlap)
 
     def channel(self, wid: int) -> ChannelClient | None:
@@ -91,7 +92,7 @@ class WorkerLinks:
                 self.owner.summary.channel_fallbacks += 1
                 return None
             self.channels[wid] = ch
-            self.sentinels[self.owner.workers[wid].watch.remote()] = wid  # watched once it runs
+            self.sentinels[self.handles[wid].watch.remote()] = wid  # watched once it runs
         return ch
 
     def forget(self, wid: int) -> None:
@@ -99,6 +100,7 @@ class WorkerLinks:
         if (ch := self.channels.pop(wid, None)) is not None:
             ch.close()
         self.channel_refs.pop(wid, None)
+        self.handles.pop(wid, None)
         for ref in [r for r, w in self.sentinels.items() if w == wid]:
             del self.sentinels[ref]
 
