@@ -27,7 +27,7 @@ from pollux.litz.records import shard_assignment
 
 
 def _move(m: Master, e: int, dst: int, send_input: bool) -> Any:
-    return m.members.move_executor(e, dst, m.next_seq[e], send_input)
+    return m.members.move_executor(e, dst, m.queue.next_seq[e], send_input)
 
 
 def resize_workers(m: Master, num_workers: int | None = None, node_ids: list[str] | None = None) -> None:
@@ -164,14 +164,14 @@ def advance_resizes(m: Master) -> None:
             if rest:
                 continue
         leaving = item["leaving"]
-        if any(info.worker_id in leaving for info in m.inflight.values()):
+        if any(info.worker_id in leaving for info in m.queue.inflight.values()):
             continue
         m.members.remove(leaving, wait=True)
         item["record"]["t_done"] = time.monotonic() - m.t0
         m.active_resizes.remove(item)
     for item in list(m.shard_resizes):
         _advance_shard_resize(m, item)
-    m.shards.drop_retired(m.oldest_inflight_batch())
+    m.shards.drop_retired(m.queue.oldest_inflight_batch())
 
 
 def resize_shards(m: Master, num_shards: int, node_ids: list[str] | None = None) -> None:
@@ -258,6 +258,6 @@ def _advance_shard_resize(m: Master, item: dict[str, Any]) -> None:
     rec["moved"] = int(sum(moved))
     m.shards.install(owners, handles)
     m.mirror.relabel(m.layout.layout_id - 1, m.layout.layout_id)  # rows moved, values did not
-    m.shards.retire(retired, m.next_batch_id - 1)
+    m.shards.retire(retired, m.queue.next_batch_id - 1)
     rec["t_done"] = time.monotonic() - m.t0
     m.shard_resizes.remove(item)

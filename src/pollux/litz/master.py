@@ -28,21 +28,20 @@ from pollux.litz.actors import wait_dead
 from pollux.litz.api import Application, ApplicationError, LitzError, TaskResult
 from pollux.litz.channel import ChannelClosed
 from pollux.litz.commit_log import CommitLog
+from pollux.litz.dispatch_queue import DispatchQueue, InFlight
 from pollux.litz.membership import Membership
 from pollux.litz.mirror import TableMirror
 from pollux.litz.records import (
     Layout,
-    PendingTask,
     RunSummary,
     RuntimeConfig,
     TableMeta,
-    TaskSpec,
     pack,
     unpack,
 )
 from pollux.litz.running_job import MasterView
 from pollux.litz.shard_layout import ShardLayout
-from pollux.litz.worker_links import ActorLost, InFlight, WorkerLinks, raise_batch_error
+from pollux.litz.worker_links import ActorLost, WorkerLinks, raise_batch_error
 
 #: Inline updates held back from the shards while every table travels with the batches: a commit is
 #: sent once the logs handled since the last one reach this many bytes (one message per shard for
@@ -64,21 +63,19 @@ class _Context:
 
     @property
     def version(self) -> int:
-        return self._m.version
+        return self._m.queue.version
 
     def dispatch(self, executor_id: int, args: Any) -> None:
         if not 0 <= int(executor_id) < self._m.cfg.num_executors:
             raise LitzError(f"dispatch: executor_id {executor_id} outside [0, {self._m.cfg.num_executors})")
-        m = self._m
-        m.pending.append(PendingTask(m.next_task_id, int(executor_id), args, m.version))
-        m.next_task_id += 1
+        self._m.queue.dispatch(int(executor_id), args)
 
     def ps_get(self, table: str, rows: np.ndarray | None = None) -> np.ndarray:
         return self._m.ps_read(table, rows)
 
     def report(self, **metrics: float) -> None:
         m = self._m
-        rec = {"t": time.monotonic() - m.t0, "version": m.version, **metrics}
+        rec = {"t": time.monotonic() - m.t0, "version": m.queue.version, **metrics}
         m.summary.metrics.append(rec)
         if m.on_progress is not None:
             m.on_progress(dict(rec, workers=len(m.members.workers), shards=len(m.layout.shards)))
@@ -120,13 +117,7 @@ class Master:
 
     def reset_run_state(self) -> None:
         """Queues, commits and counters back to a run's start (a cut is then restored over them)."""
-        self.version = 0
-        self.next_task_id = 0
-        self.next_batch_id = 0
-        self.pending: list[PendingTask] = []
-        self.tasks: dict[int, PendingTask] = {}
-        self.next_seq: dict[int, int] = dict.fromkeys(range(self.cfg.num_executors), 0)
-        self.inflight: dict[Any, InFlight] = {}
+        self.queue = DispatchQueue(self.cfg.num_executors)  # micro-tasks from dispatch to completion
         self.commits = CommitLog(self, self.tables)  # flush keys on their way to the shards
         self.links.arrived.clear()  # channel results read, not yet handled
         self.finished = False  # no more dispatch: the driver finished, or the run is stopping
@@ -155,7 +146,7 @@ class Master:
 
     def place_executors(self, states: Mapping[int, tuple[Any, int]] | None = None) -> None:
         """Spread all executors over the workers, loading inputs (`Membership.place_executors`)."""
-        self.members.place_executors(self.next_seq, states)
+        self.members.place_executors(self.queue.next_seq, states)
 
     def get(self, refs: Any, timeout: float | None = None) -> Any:
         """`ray.get` with actor deaths turned into `ActorLost` and application errors named."""
@@ -227,7 +218,8 @@ class Master:
 
     # ------------------------------------------------------------------ dispatch and completion
     def send_pending(self) -> None:
-        if not self.pending:
+        queue = self.queue
+        if not queue.pending:
             return
         self.commits.advance_mirror()
         push = self.mirror.current(self.layout.layout_id, self.push_tables) if self.push_tables else {}
@@ -236,27 +228,19 @@ class Master:
         # shards (the driver's `ps_read`, checkpoints, migrations, a table not pushed) commits first.
         if len(push) < len(self.tables) or self.commits.unsent_bytes >= DEFERRED_COMMIT_BYTES:
             self.commit()
-        batches: dict[int, list[TaskSpec]] = {}
-        for task in self.pending:
-            e = task.executor_id
-            spec = (task.task_id, e, self.next_seq[e], task.args, task.version)
-            self.next_seq[e] += 1
-            self.tasks[task.task_id] = task
-            batches.setdefault(self.members.exec_worker[e], []).append(spec)
-        self.pending = []
+        batches = queue.take_batches(self.members.exec_worker)
         for wid, specs in batches.items():
             known = self.members.layouts
             layout = self.layout if known[wid] < self.layout.layout_id else None
             known[wid] = self.layout.layout_id
-            bid = self.next_batch_id
-            payload = pack((bid, specs, self.commits.commit_id, push or None, self.version))
-            self.next_batch_id += 1
+            bid = queue.new_batch_id()
+            payload = pack((bid, specs, self.commits.commit_id, push or None, queue.version))
             self.summary.batches += 1
             info = InFlight(wid, bid, [s[0] for s in specs])
             ch = self.links.channel(wid) if self.cfg.direct_channel and layout is None else None
             if ch is not None:
                 # in flight under its batch id (an int; a Ray call's is its ObjectRef)
-                self.inflight[bid] = info
+                queue.inflight[bid] = info
                 try:
                     ch.send(payload)
                 except ChannelClosed as err:
@@ -264,22 +248,23 @@ class Master:
             else:  # a new layout (holding actor handles) goes as a Ray call, as without the channel
                 run = self.members.workers[wid].run_batch
                 ref = run.remote(payload) if layout is None else run.remote(payload, layout)
-                self.inflight[ref] = info
+                queue.inflight[ref] = info
 
     def wait_completions(self, timeout: float) -> int:
         """Handle every batch that is back within `timeout`; returns the tasks completed."""
         self.commits.check()
-        if not self.inflight:
+        queue = self.queue
+        if not queue.inflight:
             time.sleep(min(timeout, 0.01))
             return 0
         ready = self.links.ready_results(timeout)
         ready.sort(key=lambda r: r[0])
         done = 0
         for _, key in ready:
-            if key not in self.inflight:
+            if key not in queue.inflight:
                 self.links.arrived.pop(key, None)
                 continue  # a recovery took it back (its tasks are queued again)
-            info = self.inflight.pop(key)
+            info = queue.inflight.pop(key)
             out = self.links.arrived.pop(key) if isinstance(key, int) else unpack(self.get(key))
             if "error" in out:
                 raise_batch_error(self.app.name, out, info.worker_id)
@@ -294,11 +279,11 @@ class Master:
             self.summary.worker_busy_s += out["stats"]["run_s"] + out["stats"]["flush_s"]
             # taken out of `tasks` first: a recovery run from a driver callback below re-queues
             # what is still in `tasks`, and these tasks have completed
-            batch = [(self.tasks.pop(task_id), value, error) for task_id, value, error in out["results"]]
+            batch = [(queue.tasks.pop(task_id), value, error) for task_id, value, error in out["results"]]
             for task, value, error in batch:
                 if error is not None:
                     raise ApplicationError(f"{self.app.name}: {error}")
-                self.version += 1
+                queue.version += 1
                 self.summary.tasks_completed += 1
                 done += 1
                 # after `LitzRuntime.stop()` the driver still sees the tasks that were in flight
@@ -312,6 +297,3 @@ class Master:
         """Wait at most `timeout` until every in-flight batch is back or failed, handling none of
         them (see `WorkerLinks.await_inflight`)."""
         self.links.await_inflight(timeout)
-
-    def oldest_inflight_batch(self) -> int:
-        return min((i.batch_id for i in self.inflight.values()), default=self.next_batch_id)

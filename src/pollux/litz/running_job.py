@@ -66,13 +66,9 @@ class MasterView:
         the queue in task order, and drop commits that cannot complete."""
         m = self._master
         m.await_inflight(timeout_s)
-        again = [PendingTask(t.task_id, t.executor_id, t.args, t.version) for t in m.tasks.values()]
-        again.sort(key=lambda t: t.task_id)
-        m.pending = again + list(m.pending)
-        m.tasks.clear()
-        m.inflight.clear()
+        requeued = m.queue.requeue_inflight()
         m.commits.abandon(timeout_s)
-        return len(again)
+        return requeued
 
     def replace_shards(self, rows: Mapping[int, ShardRows]) -> None:
         """A new actor for each shard index in ``rows`` (on the node a shard of that index goes
@@ -97,7 +93,7 @@ def consistent_cut(m: Master, step: int) -> LitzCheckpoint:
     for part in m.get([w.collect_states.remote() for w in m.members.workers.values()]):
         states.update(part)
     buffered: dict[int, list[Any]] = {}
-    for t in m.pending:
+    for t in m.queue.pending:
         buffered.setdefault(t.executor_id, []).append((t.task_id, t.args, t.version))
     return LitzCheckpoint(
         step=step,
@@ -106,12 +102,12 @@ def consistent_cut(m: Master, step: int) -> LitzCheckpoint:
         executor_states={e: st for e, (st, _) in states.items()},
         tables=m.ps_tables(),
         meta={
-            "version": m.version,
-            "next_task_id": m.next_task_id,
+            "version": m.queue.version,
+            "next_task_id": m.queue.next_task_id,
             "tasks_completed": m.summary.tasks_completed,
             "metrics": len(m.summary.metrics),
             "seqs": {e: q for e, (_, q) in states.items()},
-            "pending_order": [t.task_id for t in m.pending],
+            "pending_order": [t.task_id for t in m.queue.pending],
         },
     )
 
@@ -128,8 +124,6 @@ def restore_cut(m: Master, cp: LitzCheckpoint) -> None:
     m.active_resizes.clear()
     m.reset_run_state()
     m.driver.load_state_dict(cp.driver_state)
-    m.version = int(cp.meta["version"])
-    m.next_task_id = int(cp.meta["next_task_id"])
     m.summary.tasks_completed = int(cp.meta["tasks_completed"])
     del m.summary.metrics[int(cp.meta["metrics"]) :]
     tasks = {
@@ -137,7 +131,8 @@ def restore_cut(m: Master, cp: LitzCheckpoint) -> None:
         for e, items in cp.buffered_tasks.items()
         for tid, args, v in items
     }
-    m.pending = [tasks[tid] for tid in cp.meta["pending_order"]]
+    pending = [tasks[tid] for tid in cp.meta["pending_order"]]
+    m.queue.restore(int(cp.meta["version"]), int(cp.meta["next_task_id"]), pending)
     m.make_shards(max(1, shards), values=cp.tables)
     for node in nodes or [members.default_node(0)]:
         m.make_worker(node)

@@ -133,7 +133,7 @@ class LitzRuntime:
             "running": True,
             "workers": len(m.members.workers),
             "shards": len(m.layout.shards),
-            "version": m.version,
+            "version": m.queue.version,
             "tasks_completed": m.summary.tasks_completed,
             "resizing": bool(
                 m.active_resizes or m.shard_resizes or self._deferred or not self._requests.empty()
@@ -204,7 +204,7 @@ class LitzRuntime:
             finally:
                 m.stop_actors()
         m.summary.wall_s = time.monotonic() - m.t0
-        m.summary.version = m.version
+        m.summary.version = m.queue.version
         return m.summary
 
     def _handle_requests(self, m: Master) -> None:
@@ -252,7 +252,7 @@ class LitzRuntime:
             ft = cfg.fault_tolerance
             if ft is not None and not m.finished and not pausing and ft.due(m.view):
                 pausing = ft_pausing = True
-            idle = not m.inflight and not m.active_resizes and not m.shard_resizes
+            idle = not m.queue.inflight and not m.active_resizes and not m.shard_resizes
             if ft is not None and pausing and ft_pausing and idle:
                 ft.checkpoint(m.view)  # the controller's own cut (see RuntimeConfig)
                 pausing = ft_pausing = False
@@ -260,7 +260,7 @@ class LitzRuntime:
                 pausing
                 and not ft_pausing
                 and writer is not None
-                and not m.inflight
+                and not m.queue.inflight
                 and not m.active_resizes
                 and not m.shard_resizes
             ):
@@ -269,7 +269,7 @@ class LitzRuntime:
                 pausing = False
             if not pausing and not m.finished:
                 m.send_pending()
-            if m.finished and not m.inflight:
+            if m.finished and not m.queue.inflight:
                 if m.driver_finished and m.summary.stopped:
                     # the driver finished on the completions of a stop's drain: the job is done,
                     # so no stop checkpoint (a resumed run would have nothing left to do)
@@ -284,8 +284,8 @@ class LitzRuntime:
                 m.wait_completions(cfg.poll_s)
                 continue
             if (
-                not m.inflight
-                and not m.pending
+                not m.queue.inflight
+                and not m.queue.pending
                 and not m.active_resizes
                 and not m.shard_resizes
                 and not pausing
@@ -293,12 +293,12 @@ class LitzRuntime:
                 raise LitzError(
                     f"{self.app.name}: the driver has no task running or queued and did not finish()"
                 )
-            if m.wait_completions(cfg.poll_s) or not m.inflight:
+            if m.wait_completions(cfg.poll_s) or not m.queue.inflight:
                 last_progress = time.monotonic()
             elif time.monotonic() - last_progress > cfg.stall_timeout_s:
                 raise LitzError(
                     f"{self.app.name}: no micro-task completed for {cfg.stall_timeout_s:.0f} s "
-                    f"({sum(len(i.task_ids) for i in m.inflight.values())} in flight; "
+                    f"({sum(len(i.task_ids) for i in m.queue.inflight.values())} in flight; "
                     "RuntimeConfig.stall_timeout_s)"
                 )
 

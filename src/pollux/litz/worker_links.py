@@ -17,36 +17,27 @@ from __future__ import annotations
 import secrets
 import time
 import warnings
-from dataclasses import dataclass
 from typing import Any, Protocol
 
 import ray
 
 from pollux.litz.api import LitzError
 from pollux.litz.channel import ChannelClient, ChannelClosed, readable
+from pollux.litz.dispatch_queue import DispatchQueue
 from pollux.litz.records import RunSummary, unpack
 
-__all__ = ["ActorLost", "InFlight", "LinkOwner", "WorkerLinks", "raise_batch_error"]
+__all__ = ["ActorLost", "LinkOwner", "WorkerLinks", "raise_batch_error"]
 
 
 class ActorLost(LitzError):
     """A worker or shard actor died (or a call to it failed inside Ray); recovery may follow."""
 
 
-@dataclass
-class InFlight:
-    """A batch sent and not yet handled: which worker runs it, its id, and its tasks."""
-
-    worker_id: int
-    batch_id: int
-    task_ids: list[int]
-
-
 class LinkOwner(Protocol):
     """What the links read from the master."""
 
-    #: The batches in flight, under their batch id (channel) or their Ray call's ObjectRef.
-    inflight: dict[Any, InFlight]
+    #: The micro-tasks and the batches in flight.
+    queue: DispatchQueue
     summary: RunSummary
 
     def get(self, refs: Any, timeout: float | None = None) -> Any:
@@ -107,7 +98,7 @@ class WorkerLinks:
     def ready_results(self, timeout: float) -> list[tuple[int, Any]]:
         """(batch id, in-flight key) of every batch back within ``timeout``: a channel's result is
         then in :attr:`arrived` (read, not yet handled), a Ray call's is fetched by the caller."""
-        inflight = self.owner.inflight
+        inflight = self.owner.queue.inflight
         refs = [k for k in inflight if not isinstance(k, int)]
         chans = {self.channels[i.worker_id] for k, i in inflight.items() if isinstance(k, int)}
         if not chans and not self.arrived:
@@ -148,7 +139,7 @@ class WorkerLinks:
                     chans = chans - {ch}
                     continue
                 bid = int(res["batch_id"])
-                if bid in self.owner.inflight:
+                if bid in self.owner.queue.inflight:
                     self.arrived[bid] = res
             ready = readable(chans, 0.0)  # whatever else is already here
 
@@ -166,7 +157,7 @@ class WorkerLinks:
         """Wait at most ``timeout`` until every in-flight batch is back or failed, handling none of
         them (a recovery then queues their tasks again; results that come later are dropped)."""
         deadline = time.monotonic() + timeout
-        inflight = self.owner.inflight
+        inflight = self.owner.queue.inflight
         refs = [k for k in inflight if not isinstance(k, int)]
         if refs:
             ray.wait(refs, num_returns=len(refs), timeout=timeout)
