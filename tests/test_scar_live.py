@@ -18,7 +18,8 @@ ray = pytest.importorskip("ray")
 import litz_helpers as h  # noqa: E402
 from pollux.litz.apps.mlr import mlr_app  # noqa: E402
 from pollux.litz.runtime import LitzRuntime  # noqa: E402
-from pollux.scar.live.controller import ScarConfig, ScarController  # noqa: E402
+from pollux.scar.live.controller import ScarConfig  # noqa: E402
+from scar_helpers import KillingController  # noqa: E402
 
 MLR = dict(
     dataset="gaussian",
@@ -40,46 +41,6 @@ TASKS_PER_EPOCH = 40
 def cluster():
     with h.local_ray():
         yield
-
-
-class KillingController(ScarController):
-    """SIGKILLs shard `victim` right after checkpoint number `kill_after` (0 = the initial save; a
-    quiescent moment) or, with `kill_at_tasks`, once that many micro-tasks have completed."""
-
-    def __init__(
-        self,
-        config: ScarConfig,
-        kill_after: int | None = None,
-        kill_at_tasks: int | None = None,
-        victim: int = 1,
-    ) -> None:
-        super().__init__(config)
-        self.kill_after, self.kill_at_tasks, self.victim = kill_after, kill_at_tasks, victim
-        self.before: dict[str, Any] = {}
-
-    def _kill(self, m: Any) -> None:
-        self._drain()  # every checkpoint so far on disk
-        assert self.store is not None
-        self.before = {
-            "tables": m.ps_tables(),
-            "running": dict(self.store.load().values),
-            "lost": {t: np.flatnonzero(o == self.victim) for t, o in m.layout.owners.items()},
-        }
-        h.sigkill(m.shard_pids[self.victim])
-
-    def checkpoint(self, m: Any) -> None:
-        super().checkpoint(m)
-        if len(self.checkpoints) - 1 == self.kill_after and not self.before:
-            self._kill(m)
-
-    def due(self, m: Any) -> bool:
-        if (
-            self.kill_at_tasks is not None
-            and m.summary.tasks_completed >= self.kill_at_tasks
-            and not self.before
-        ):
-            self._kill(m)
-        return super().due(m)
 
 
 def _run(

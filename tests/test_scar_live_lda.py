@@ -13,7 +13,6 @@ checkpoint.
 from __future__ import annotations
 
 from types import SimpleNamespace
-from typing import Any
 
 import numpy as np
 import pytest
@@ -27,6 +26,7 @@ import litz_helpers as h  # noqa: E402
 from pollux.litz.apps.lda import lda_app  # noqa: E402
 from pollux.litz.runtime import LitzRuntime  # noqa: E402
 from pollux.scar.live.controller import ScarConfig, ScarController  # noqa: E402
+from scar_helpers import KillingController  # noqa: E402
 
 LDA = dict(num_topics=5, true_topics=5, num_docs=120, vocab_size=60, doc_length=40, epochs=6, seed=1)
 EXECUTORS = 3
@@ -107,28 +107,6 @@ def cluster():
         yield
 
 
-class KillAfterCheckpoint(ScarController):
-    """SIGKILLs shard `victim` right after periodic checkpoint `kill_after`, keeping the tables and
-    the running checkpoint on disk at that moment."""
-
-    def __init__(self, config: ScarConfig, kill_after: int, victim: int = 2) -> None:
-        super().__init__(config)
-        self.kill_after, self.victim = kill_after, victim
-        self.before: dict[str, Any] = {}
-
-    def checkpoint(self, m: Any) -> None:
-        super().checkpoint(m)
-        if len(self.checkpoints) - 1 == self.kill_after and not self.before:
-            self._drain()
-            assert self.store is not None
-            self.before = {
-                "tables": m.ps_tables(),
-                "running": dict(self.store.load().values),
-                "lost": {t: np.flatnonzero(o == self.victim) for t, o in m.layout.owners.items()},
-            }
-            h.sigkill(m.shard_pids[self.victim])
-
-
 def _expected_distance(table: str, cur: np.ndarray, saved: np.ndarray) -> np.ndarray:
     """The test's own reckoning: word rows keep their totals once non-empty, so N·TV = ½‖n − n'‖₁
     (or the whole row when the saved row is still the empty start); topic totals by |Δ|."""
@@ -140,7 +118,7 @@ def _expected_distance(table: str, cur: np.ndarray, saved: np.ndarray) -> np.nda
 
 
 def test_tv_priority_checkpoints_and_partial_recovery_on_lda(cluster, tmp_path):
-    ctl = KillAfterCheckpoint(
+    ctl = KillingController(
         ScarConfig(
             directory=str(tmp_path / "ckpt"),
             strategy="priority",
@@ -152,6 +130,7 @@ def test_tv_priority_checkpoints_and_partial_recovery_on_lda(cluster, tmp_path):
             full_first=1,
         ),
         kill_after=3,
+        victim=2,
     )
     cfg = h.config(num_executors=EXECUTORS, num_workers=2, num_shards=4, fault_tolerance=ctl)
     summary = LitzRuntime(lda_app(**LDA), cfg).run()

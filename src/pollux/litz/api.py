@@ -229,6 +229,11 @@ class RunningJob(Protocol):
         ...
 
     @property
+    def shard_pids(self) -> list[int]:
+        """The process id of each current shard, in layout order (monitoring, fault injection)."""
+        ...
+
+    @property
     def summary(self) -> RunSummary:
         """The run's summary; a controller counts its recoveries and loaded checkpoints there."""
         ...

@@ -46,6 +46,10 @@ class MasterView:
         return self._master.commits.commit_id
 
     @property
+    def shard_pids(self) -> list[int]:
+        return list(self._master.shards.pids)
+
+    @property
     def summary(self) -> RunSummary:
         return self._master.summary
 
