@@ -23,21 +23,9 @@ import signal
 from pathlib import Path
 
 import torch
+from worker_env import Indexed, settings
 
 import pollux.torch as ptorch
-
-
-class Indexed(torch.utils.data.Dataset):
-    def __init__(self, n: int, dim: int = 4) -> None:
-        gen = torch.Generator().manual_seed(7)
-        self.x = torch.randn(n, dim, generator=gen)
-        self.y = self.x @ torch.arange(1.0, dim + 1.0) + 0.1 * torch.randn(n, generator=gen)
-
-    def __len__(self) -> int:
-        return self.x.shape[0]
-
-    def __getitem__(self, i: int) -> tuple[int, torch.Tensor, torch.Tensor]:
-        return i, self.x[i], self.y[i]
 
 
 def write_json(path: Path, data: object) -> None:
@@ -47,11 +35,8 @@ def write_json(path: Path, data: object) -> None:
 def main() -> None:
     torch.set_num_threads(1)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
-    out = Path(os.environ["TEST_OUT_DIR"])
-    tag = os.environ.get("TEST_TAG", "run")
-    n = int(os.environ.get("TEST_N", "360"))
-    m0 = int(os.environ.get("TEST_M0", "12"))
-    epochs = int(os.environ.get("TEST_EPOCHS", "3"))
+    common = settings(n=360, m0=12)
+    out, tag, n, m0, epochs = common.out, common.tag, common.n, common.m0, common.epochs
     sigterm_step = int(os.environ.get("TEST_SIGTERM_AT_STEP", "-1"))
     env = ptorch.init_process_group("gloo")
     rank = env.rank

@@ -27,25 +27,12 @@ import json
 import logging
 import os
 import time
-from pathlib import Path
 
 import torch
 import torch.distributed as dist
+from worker_env import Indexed, settings
 
 import pollux.torch as ptorch
-
-
-class Noisy(torch.utils.data.Dataset):
-    def __init__(self, n: int, dim: int = 4) -> None:
-        gen = torch.Generator().manual_seed(11)
-        self.x = torch.randn(n, dim, generator=gen)
-        self.y = self.x @ torch.arange(1.0, dim + 1.0) + 3.0 * torch.randn(n, generator=gen)
-
-    def __len__(self) -> int:
-        return self.x.shape[0]
-
-    def __getitem__(self, i: int) -> tuple[int, torch.Tensor, torch.Tensor]:
-        return i, self.x[i], self.y[i]
 
 
 class History:
@@ -67,11 +54,8 @@ def main() -> None:
     torch.set_num_threads(1)
     logging.basicConfig(level=logging.DEBUG if os.environ.get("TEST_DEBUG") else logging.INFO,
                         format="%(message)s")
-    out = Path(os.environ["TEST_OUT_DIR"])
-    tag = os.environ.get("TEST_TAG", "run")
-    n = int(os.environ.get("TEST_N", "240"))
-    m0 = int(os.environ.get("TEST_M0", "8"))
-    epochs = int(os.environ.get("TEST_EPOCHS", "3"))
+    common = settings(n=240, m0=8)
+    out, tag, n, m0, epochs = common.out, common.tag, common.n, common.m0, common.epochs
     mx, lo, hi = (int(v) for v in os.environ.get("TEST_AUTOSCALE", "64,2,16").split(","))
     sleep = float(os.environ.get("TEST_STEP_SLEEP", "0"))
     ptorch.init_process_group("gloo")
@@ -82,7 +66,7 @@ def main() -> None:
                                 weight_decay=1e-4)
     scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=1, gamma=0.8)
     adp = ptorch.AdaptiveDataParallel(model, optimizer, scheduler)
-    dataset = Noisy(n)
+    dataset = Indexed(n, seed=11, noise=3.0)
     loader = ptorch.AdaptiveDataLoader(dataset, batch_size=m0, shuffle=True, seed=3)
     loader.autoscale_batch_size(mx, (lo, hi), gradient_accumulation=True)
     visits = open(out / f"visits-{tag}-rank{rank}.jsonl", "a")

@@ -24,35 +24,18 @@ import logging
 import os
 import signal
 import time
-from pathlib import Path
 
 import torch
+from worker_env import Indexed, settings
 
 import pollux.torch as ptorch
-
-
-class Indexed(torch.utils.data.Dataset):
-    def __init__(self, n: int, dim: int = 4) -> None:
-        gen = torch.Generator().manual_seed(7)
-        self.x = torch.randn(n, dim, generator=gen)
-        w = torch.arange(1.0, dim + 1.0)
-        self.y = self.x @ w + 0.1 * torch.randn(n, generator=gen)
-
-    def __len__(self) -> int:
-        return self.x.shape[0]
-
-    def __getitem__(self, i: int) -> tuple[int, torch.Tensor, torch.Tensor]:
-        return i, self.x[i], self.y[i]
 
 
 def main() -> None:
     torch.set_num_threads(1)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
-    out = Path(os.environ["TEST_OUT_DIR"])
-    tag = os.environ.get("TEST_TAG", "run")
-    n = int(os.environ.get("TEST_N", "360"))
-    m0 = int(os.environ.get("TEST_M0", "12"))
-    epochs = int(os.environ.get("TEST_EPOCHS", "3"))
+    common = settings(n=360, m0=12)
+    out, tag, n, m0, epochs = common.out, common.tag, common.n, common.m0, common.epochs
     sigterm_step = int(os.environ.get("TEST_SIGTERM_AT_STEP", "-1"))
     sigterm_rank = int(os.environ.get("TEST_SIGTERM_RANK", "0"))
     sleep = float(os.environ.get("TEST_STEP_SLEEP", "0"))
