@@ -7,17 +7,19 @@ PS shard owns under the seeded row permutation) — the form SCAR's partial chec
 recovery need (issue 15): a reader can ask for some tables, or some rows of a table, and only the
 blocks holding them are read from disk.
 
-Layout of ``<directory>/step-<n>/`` (``n`` zero-padded so names sort by step):
+Layout of ``<directory>/step-<n>/`` (``n`` zero-padded so names sort by step; the names and the
+folder moves are `checkpoint_folders`'):
 
 - ``tensors/`` — the tables, written with ``torch.distributed.checkpoint`` (DCP) from this one
   process (``no_dist=True``): one key per row block of every table (``t<i>/b<j>``), plus the block's
   global row indices (``t<i>/b<j>/rows``) when they are not one contiguous range. DCP stores each key
-  at its own offset, so loading a subset of keys reads only those bytes.
+  at its own offset, so loading a subset of keys reads only those bytes (`checkpoint_tables`).
 - ``states.bin`` — the small application states, pickled one segment each (driver, and per executor
-  its state and its buffered tasks) so one executor's state can be read without the others.
+  its state and its buffered tasks) so one executor's state can be read without the others
+  (`checkpoint_states`).
 - ``manifest.json`` — the layout: tables (dtype, shape, blocks with global row ranges, CRC-32 of every
   block) and the pickle segments (offset, length, CRC-32).
-- ``COMMITTED`` — written last, holding the manifest's CRC-32.
+- ``COMMITTED`` — written last, holding the manifest's CRC-32 (both by `checkpoint_manifest`).
 
 Atomicity: everything is written into a hidden ``.tmp-…`` folder, every file and the folder are
 fsynced, the commit marker is written and fsynced, and only then is the folder renamed to
@@ -38,12 +40,8 @@ What is not an array (driver, executor and task states) is pickled by us, as Ray
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
-import pickle
-import shutil
 import time
-import uuid
 import warnings
 from collections.abc import Iterable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -53,18 +51,13 @@ from typing import Any
 
 import numpy as np
 
-from pollux.litz.checkpoint_tables import CheckpointError, crc32, fsync_path, read_tables, write_tables
+from pollux.litz.checkpoint_folders import MANIFEST, STATES, TENSORS, StepFolders
+from pollux.litz.checkpoint_manifest import read_manifest, write_manifest
+from pollux.litz.checkpoint_states import ApplicationStates, read_states, write_states
+from pollux.litz.checkpoint_tables import CheckpointError, read_tables, write_tables
 
 __all__ = ["CheckpointError", "CheckpointIO", "CheckpointStore", "LitzCheckpoint"]
 
-FORMAT = "pollux-litz-checkpoint/1"
-STEP_PREFIX = "step-"
-MARKER = "COMMITTED"
-MANIFEST = "manifest.json"
-STATES = "states.bin"
-TENSORS = "tensors"
-_TMP_PREFIX = ".tmp-"
-_TRASH_PREFIX = ".trash-"
 DEFAULT_BLOCK_BYTES = 4 << 20
 
 
@@ -111,23 +104,6 @@ class CheckpointIO:
     tensor_keys: int
 
 
-def _write_file(path: Path, data: bytes) -> None:
-    with open(path, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 class CheckpointStore:
     """Checkpoints of one job under `directory`: atomic saves, subset loads, the newest `keep` kept.
 
@@ -135,6 +111,11 @@ class CheckpointStore:
     default a block is about `block_bytes`. `keep=None` keeps every step (a running checkpoint built
     of partial saves needs the older ones). Counters `bytes_written` / `bytes_read` add up all I/O;
     `last_save` / `last_load` describe the latest call.
+
+    The store decides what goes into a step and when; the parts of the format live beside it: the
+    step folders and their atomic moves in `StepFolders` (`checkpoint_folders`), the manifest and
+    commit marker in `checkpoint_manifest`, the pickled states in `checkpoint_states` and the tables
+    in `checkpoint_tables`.
     """
 
     def __init__(
@@ -151,8 +132,8 @@ class CheckpointStore:
             raise ValueError(f"CheckpointStore.block_rows: {block_rows} must be >= 1 or None")
         if block_bytes < 1:
             raise ValueError(f"CheckpointStore.block_bytes: {block_bytes} must be >= 1")
-        self.directory = Path(directory)
-        self.directory.mkdir(parents=True, exist_ok=True)
+        self.folders = StepFolders(directory)
+        self.directory = self.folders.directory
         self.keep = keep
         self.block_rows = block_rows
         self.block_bytes = block_bytes
@@ -166,22 +147,12 @@ class CheckpointStore:
 
     # ------------------------------------------------------------------ listing
     def path(self, step: int) -> Path:
-        return self.directory / f"{STEP_PREFIX}{int(step):010d}"
+        """The folder of step `step` (``step-<n>``, zero-padded)."""
+        return self.folders.path(step)
 
     def steps(self) -> list[int]:
         """Committed steps (folder renamed into place, marker present), oldest first."""
-        out = []
-        for entry in self.directory.iterdir():
-            name = entry.name
-            if not name.startswith(STEP_PREFIX):
-                continue
-            try:
-                step = int(name[len(STEP_PREFIX) :])
-            except ValueError:
-                continue
-            if (entry / MARKER).is_file():
-                out.append(step)
-        return sorted(out)
+        return self.folders.steps()
 
     # ------------------------------------------------------------------ saving
     def save(
@@ -209,9 +180,8 @@ class CheckpointStore:
         if int(cp.step) < 0:
             raise CheckpointError(f"LitzCheckpoint.step: {cp.step} must be >= 0")
         t0 = time.perf_counter()
-        self._clean_stale()
-        tmp = self.directory / f"{_TMP_PREFIX}{os.getpid()}-{uuid.uuid4().hex[:8]}"
-        tmp.mkdir()
+        self.folders.clean_stale()
+        tmp = self.folders.new_temp()
         try:
             tables_md, tensor_bytes, nkeys = write_tables(
                 tmp / TENSORS,
@@ -221,31 +191,21 @@ class CheckpointStore:
                 block_rows or self.block_rows,
                 self.block_bytes,
             )
-            segments, states_bytes = self._write_states(tmp / STATES, cp)
-            manifest = {
-                "format": FORMAT,
-                "step": int(cp.step),
-                "created_unix": time.time(),
-                "tables": tables_md,
-                "segments": segments,
-            }
-            mbytes = json.dumps(manifest, sort_keys=True).encode()
-            _write_file(tmp / MANIFEST, mbytes)
-            marker = json.dumps({"step": int(cp.step), "manifest_crc32": crc32(mbytes)}).encode()
-            fsync_path(tmp)
-            _write_file(tmp / MARKER, marker)
-            fsync_path(tmp)
-            final = self.path(cp.step)
-            if final.exists():
-                trash = self.directory / f"{_TRASH_PREFIX}{os.getpid()}-{uuid.uuid4().hex[:8]}"
-                os.rename(final, trash)
-                shutil.rmtree(trash, ignore_errors=True)
-            os.rename(tmp, final)
-            fsync_path(self.directory)
+            segments, states_bytes = write_states(
+                tmp / STATES,
+                ApplicationStates(
+                    driver_state=cp.driver_state,
+                    meta=cp.meta,
+                    executor_states=cp.executor_states,
+                    buffered_tasks=cp.buffered_tasks,
+                ),
+            )
+            commit_bytes = write_manifest(tmp, cp.step, tables_md, segments)
+            final = self.folders.commit(tmp, cp.step)
         except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)
+            self.folders.discard(tmp)
             raise
-        total = tensor_bytes + states_bytes + len(mbytes) + len(marker)
+        total = tensor_bytes + states_bytes + commit_bytes
         self.bytes_written += total
         self.last_save = CheckpointIO(int(cp.step), str(final), total, time.perf_counter() - t0, nkeys)
         self._prune()
@@ -265,83 +225,20 @@ class CheckpointStore:
             self._pool.shutdown(wait=True)
             self._pool = None
 
-    @staticmethod
-    def _write_states(path: Path, cp: LitzCheckpoint) -> tuple[dict[str, list[int]], int]:
-        parts: list[tuple[str, Any]] = [("driver", cp.driver_state), ("meta", cp.meta)]
-        states = {int(k): v for k, v in cp.executor_states.items()}
-        buffered = {int(k): list(v) for k, v in cp.buffered_tasks.items()}
-        for eid in sorted(states.keys() | buffered.keys()):
-            if eid in states:
-                parts.append((f"executor/{eid}", states[eid]))
-            if eid in buffered:
-                parts.append((f"buffered/{eid}", buffered[eid]))
-        segments: dict[str, list[int]] = {}
-        offset = 0
-        with open(path, "wb") as f:
-            for name, obj in parts:
-                try:
-                    data = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
-                except Exception as exc:
-                    raise CheckpointError(f"LitzCheckpoint {name}: not picklable ({exc})") from exc
-                f.write(data)
-                segments[name] = [offset, len(data), crc32(data)]
-                offset += len(data)
-            f.flush()
-            os.fsync(f.fileno())
-        return segments, offset
-
-    def _clean_stale(self) -> None:
-        """Remove temp folders of saves whose process is gone, and leftovers of interrupted prunes."""
-        for entry in self.directory.iterdir():
-            name = entry.name
-            if name.startswith(_TRASH_PREFIX):
-                shutil.rmtree(entry, ignore_errors=True)
-            elif name.startswith(_TMP_PREFIX):
-                pid = name[len(_TMP_PREFIX) :].split("-")[0]
-                if not pid.isdigit() or (int(pid) != os.getpid() and not _pid_alive(int(pid))):
-                    shutil.rmtree(entry, ignore_errors=True)
-
     def clear(self) -> None:
         """Remove every checkpoint (a new job reusing the folder must not resume an old one's)."""
-        self._clean_stale()
-        self._drop(self.steps())
+        self.folders.clean_stale()
+        self.folders.drop(self.steps())
 
     def _prune(self) -> None:
+        """Drop all but the newest `keep` steps (only after a new one is committed)."""
         if self.keep is not None:
-            self._drop(self.steps()[: -self.keep])
-
-    def _drop(self, steps: list[int]) -> None:
-        for step in steps:
-            trash = self.directory / f"{_TRASH_PREFIX}{os.getpid()}-{uuid.uuid4().hex[:8]}"
-            try:
-                os.rename(self.path(step), trash)
-            except FileNotFoundError:
-                continue
-            shutil.rmtree(trash, ignore_errors=True)
+            self.folders.drop(self.steps()[: -self.keep])
 
     # ------------------------------------------------------------------ loading
     def manifest(self, step: int) -> dict[str, Any]:
         """The verified manifest of a committed step (layout, blocks, segments) without the data."""
-        return self._manifest(self.path(step))[0]
-
-    def _manifest(self, folder: Path) -> tuple[dict[str, Any], int]:
-        mpath, kpath = folder / MANIFEST, folder / MARKER
-        try:
-            marker = json.loads(kpath.read_bytes())
-        except FileNotFoundError as exc:
-            raise CheckpointError(f"{kpath}: no commit marker; checkpoint missing or incomplete") from exc
-        except (ValueError, OSError) as exc:
-            raise CheckpointError(f"{kpath}: unreadable commit marker ({exc})") from exc
-        try:
-            mbytes = mpath.read_bytes()
-        except OSError as exc:
-            raise CheckpointError(f"{mpath}: cannot read manifest ({exc})") from exc
-        if not isinstance(marker, dict) or marker.get("manifest_crc32") != crc32(mbytes):
-            raise CheckpointError(f"{mpath}: manifest does not match its commit marker (corrupt)")
-        manifest = json.loads(mbytes)
-        if manifest.get("format") != FORMAT:
-            raise CheckpointError(f"{mpath}: unknown format {manifest.get('format')!r}")
-        return manifest, len(mbytes) + kpath.stat().st_size
+        return read_manifest(self.path(step))[0]
 
     def latest(self, **load_kwargs: Any) -> LitzCheckpoint | None:
         """The newest committed step that loads; steps that fail are recorded in `skipped`."""
@@ -381,7 +278,7 @@ class CheckpointStore:
         folder = self.path(step)
         if not folder.is_dir():
             raise CheckpointError(f"{folder}: no such checkpoint (committed: {self.steps()})")
-        manifest, nread = self._manifest(folder)
+        manifest, nread = read_manifest(folder)
         if tables is not None and keys is not None:
             raise TypeError("CheckpointStore.load: pass tables or keys, not both")
         names = list(manifest["tables"]) if tables is None and keys is None else list(tables or keys or [])
@@ -397,22 +294,17 @@ class CheckpointStore:
         for name in rows:
             if name not in names:
                 names.append(name)
-        out = LitzCheckpoint(step=int(manifest["step"]))
-        seg = manifest["segments"]
-        wanted = ["meta"] + (["driver"] if driver else [])
-        ids = sorted({int(k.split("/")[1]) for k in seg if "/" in k})
-        for eid in ids if executors is None else sorted({int(e) for e in executors}):
-            wanted += [k for k in (f"executor/{eid}", f"buffered/{eid}") if k in seg]
-        values, sbytes = self._read_segments(folder / STATES, seg, wanted)
+        states, sbytes = read_states(
+            folder / STATES, manifest["segments"], driver=driver, executors=executors
+        )
         nread += sbytes
-        out.meta = values["meta"]
-        out.driver_state = values.get("driver")
-        for k, v in values.items():
-            kind, _, ident = k.partition("/")
-            if kind == "executor":
-                out.executor_states[int(ident)] = v
-            elif kind == "buffered":
-                out.buffered_tasks[int(ident)] = v
+        out = LitzCheckpoint(
+            step=int(manifest["step"]),
+            driver_state=states.driver_state,
+            buffered_tasks=states.buffered_tasks,
+            executor_states=states.executor_states,
+            meta=states.meta,
+        )
         tbytes, nkeys = read_tables(
             folder / TENSORS, manifest["tables"], names, rows, strict, out.tables, out.rows
         )
@@ -420,25 +312,3 @@ class CheckpointStore:
         self.bytes_read += nread
         self.last_load = CheckpointIO(out.step, str(folder), nread, time.perf_counter() - t0, nkeys)
         return out
-
-    @staticmethod
-    def _read_segments(
-        path: Path, seg: Mapping[str, list[int]], wanted: list[str]
-    ) -> tuple[dict[str, Any], int]:
-        values: dict[str, Any] = {}
-        nbytes = 0
-        try:
-            with open(path, "rb") as f:
-                for name in wanted:
-                    offset, length, crc = seg[name]
-                    f.seek(offset)
-                    data = f.read(length)
-                    nbytes += len(data)
-                    if len(data) != length or crc32(data) != crc:
-                        raise CheckpointError(f"{path}: segment {name!r} is truncated or corrupt")
-                    values[name] = pickle.loads(data)
-        except OSError as exc:
-            raise CheckpointError(f"{path}: cannot read application states ({exc})") from exc
-        except (pickle.UnpicklingError, EOFError, AttributeError, ImportError) as exc:
-            raise CheckpointError(f"{path}: cannot unpickle a segment ({exc})") from exc
-        return values, nbytes

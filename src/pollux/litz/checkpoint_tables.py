@@ -1,8 +1,9 @@
 """Table I/O for `pollux.litz.checkpoint`: PS tables as row blocks in torch.distributed.checkpoint.
 
-Kept apart from the store (folders, commit, pruning, pickled states) so each stays small. DCP stores
-every key at its own offset in one file and reads back only the keys asked for, which is what makes
-row-subset loads cheap (SCAR's partial recovery reads about the lost fraction of a checkpoint).
+Kept apart from the store and its other parts (`checkpoint_folders`: step folders, commit, removal;
+`checkpoint_manifest`: manifest and marker; `checkpoint_states`: pickled states) so each stays small.
+DCP stores every key at its own offset in one file and reads back only the keys asked for, which is
+what makes row-subset loads cheap (SCAR's partial recovery reads about the lost fraction of a checkpoint).
 """
 
 from __future__ import annotations
