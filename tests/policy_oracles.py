@@ -22,7 +22,7 @@ def option_table(prob: PolluxProblem, a: np.ndarray, j: int, st: FillState):
     if kmax <= 0:
         return None
     lo, hi = r + 1, r + kmax + 1            # replica counts after growth (≤ max_replicas ≤ rt_max)
-    tab = prob.table[j]
+    tab = prob.tables.table[j]
     nn = mine.size
     # Own nodes: a prefix of k (as many as their free GPUs); one node: a prefix too.
     val = np.full(kmax, -1.0)
@@ -33,7 +33,7 @@ def option_table(prob: PolluxProblem, a: np.ndarray, j: int, st: FillState):
         host_max = max(st.max_free, int((st.free[mine] + row[mine]).max()))
         kin = min(own_free, kmax)
         if kin > 0:
-            val[:kin] = tab[min(nn, prob.nt_max), lo:lo + kin]
+            val[:kin] = tab[min(nn, prob.tables.nt_max), lo:lo + kin]
     else:
         host_max = st.max_free
     ks = min(max(host_max - r, 0), kmax)
@@ -43,7 +43,7 @@ def option_table(prob: PolluxProblem, a: np.ndarray, j: int, st: FillState):
         val[:ks][use] = v_si[use]
         mode[:ks][use] = SINGLE
         n_new[:ks][use] = 1
-    better = prob.best_any_nodes[j, lo:hi] > val
+    better = prob.tables.best_any_nodes[j, lo:hi] > val
     if better.any():
         _, avail, keep = spread_order(prob, row, mine, st, j)
         cum = np.cumsum(avail)
@@ -55,7 +55,7 @@ def option_table(prob: PolluxProblem, a: np.ndarray, j: int, st: FillState):
         else:
             n_sp = np.cumsum(avail > 0)[m - 1] if cum.size else m
         ok &= (n_sp <= prob.max_nodes) & better
-        v_sp = tab[np.minimum(n_sp, prob.nt_max), np.arange(lo, hi)]
+        v_sp = tab[np.minimum(n_sp, prob.tables.nt_max), np.arange(lo, hi)]
         use = ok & (v_sp > val)
         val[use] = v_sp[use]
         mode[use] = SPREAD

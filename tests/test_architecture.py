@@ -54,7 +54,6 @@ KNOWN_LONG_FILES: dict[str, int] = {
     "pollux/torch/parallel.py": 514,
 }
 KNOWN_LONG_CLASSES: dict[str, int] = {
-    "pollux/policy/pollux/problem.py:PolluxProblem": 398,
     "pollux/sim/job.py:SimJob": 427,
     "pollux/torch/gradstats.py:GradTracker": 394,
     "pollux/torch/parallel.py:AdaptiveDataParallel": 335,

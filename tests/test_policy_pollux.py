@@ -222,19 +222,19 @@ def test_tables_match_the_goodput_core() -> None:
     jobs = [job(f"j{i}", random_model(rng), max_replicas_seen=int(s)) for i, s in enumerate([1, 4, 8, 32])]
     jobs.append(job("none", max_replicas_seen=4))
     prob = PolluxPolicy(table_cache=0).problem(jobs, cluster)
-    assert prob.fair == fair_share(16, 4, 5) == (1, 13)
+    assert prob.tables.fair == fair_share(16, 4, 5) == (1, 13)
     for j, jv in enumerate(prob.jobs):
         cap = int(prob.max_replicas[j])
         nt = min(16, cap)
-        got = prob.table[j, : nt + 1, : cap + 1]
+        got = prob.tables.table[j, : nt + 1, : cap + 1]
         if jv.model is None:
             r = np.arange(cap + 1)
             n = np.arange(nt + 1)[:, None]
             want = np.where((n >= 1) & (n <= r), r / 13, 0.0)
         else:
-            want = speedup_table(jv.model, jv.limits, nt, cap, prob.fair, replica_cap=cap)
+            want = speedup_table(jv.model, jv.limits, nt, cap, prob.tables.fair, replica_cap=cap)
         np.testing.assert_allclose(got, want * 16 / 64, rtol=1e-12, atol=1e-15)
-        assert not prob.table[j, :, cap + 1:].any()
+        assert not prob.tables.table[j, :, cap + 1:].any()
 
 
 def test_greedy_placement_predictions_match_placement() -> None:
@@ -256,7 +256,7 @@ def test_greedy_placement_predictions_match_placement() -> None:
                 assert int(row.sum()) == r
                 assert int(np.count_nonzero(row)) == int(n)
                 assert np.all(row <= a[j] + st.free)
-                assert val == prob.table[j, int(n), r]
+                assert val == prob.tables.table[j, int(n), r]
             # The greedy's fast scalar loop picks the same best option as the vectorised table.
             u_now = float(_utility(prob.matrix_speedups(a)[j], prob.p))
             g, k, mode = best_option(prob, a, int(j), st, u_now)
@@ -375,8 +375,8 @@ def test_scaling_job_gets_more_gpus() -> None:
     prob = PolluxPolicy().problem(jobs, cluster)
     lin = prob.job_ids.index("lin")
     flat = prob.job_ids.index("flat")
-    assert prob.table[lin, 1, 4] > 1.9 * prob.table[lin, 1, 2]          # linear
-    assert prob.table[flat, 1, 2] < 0.1 * prob.table[flat, 1, 1]        # no scaling at all
+    assert prob.tables.table[lin, 1, 4] > 1.9 * prob.tables.table[lin, 1, 2]          # linear
+    assert prob.tables.table[flat, 1, 2] < 0.1 * prob.tables.table[flat, 1, 1]        # no scaling at all
     for p in (-1.0, 0.0, 1.0):
         policy = PolluxPolicy(p=p)
         out, state = decide(policy, jobs, cluster, {})

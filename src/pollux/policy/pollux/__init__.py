@@ -32,17 +32,19 @@ sorted by priority (pinned, then least attained service, then submission time), 
 "later jobs lose" rules are cumulative sums along the job axis.
 See ``docs/policy-pollux.md``.
 
-Modules: :mod:`.problem` (tables, penalty, evaluation, fitness, feasibility, repair, state codec),
-:mod:`.fill` (greedy fill), :mod:`.local` (destroy-and-refill), :mod:`.policy` (:class:`PolluxPolicy`);
-the genetic operators are the generic :mod:`pollux.policy.genetic`.
+Modules: :mod:`.problem` (:class:`PolluxProblem`: jobs in priority order, penalty, evaluation, fitness),
+:mod:`.tables` (speedup tables and their one lookup), :mod:`.constraints` (feasibility, repair),
+:mod:`.population` (population layout, the carried state's codec), :mod:`.fill` (greedy fill),
+:mod:`.local` (destroy-and-refill), :mod:`.policy` (:class:`PolluxPolicy`); the genetic operators are
+the generic :mod:`pollux.policy.genetic`.
 """
 
 from pollux.policy.genetic import RESET_PROB, ZERO_ELEM_PROB, ZERO_ROW_PROB
 from pollux.policy.pollux.fill import IN_PLACE, SINGLE, SPREAD, FillState
 from pollux.policy.pollux.policy import PolluxPolicy
+from pollux.policy.pollux.population import STATE_VERSION
 from pollux.policy.pollux.problem import (
     SPEEDUP_EPS,
-    STATE_VERSION,
     PolluxProblem,
     _power_mean,
     _utility,

@@ -5,7 +5,7 @@ greedy: jobs sit in a priority queue keyed by their best gain per GPU over jumps
 each placed the best of three ways — grow on its own nodes, move onto one node, or spread over nodes
 without another distributed job). :class:`FillState` holds the free GPUs and distributed-job owners of
 the nodes while one matrix fills. Every function reads the problem and never changes it (apart from
-its memo of table rows as lists).
+the tables' memo of rows as lists).
 """
 
 from __future__ import annotations
@@ -203,12 +203,12 @@ def best_option(prob: PolluxProblem, a: np.ndarray, j: int, st: FillState,
     kmax = min(int(prob.max_replicas[j]) - r, st.total_free)
     if kmax <= 0:
         return 0.0, 0, 0
-    rows, best_any = _lists(prob, j)
+    rows, best_any = prob.tables.as_lists(j)
     host_max = max(st.max_free, host_own)
-    t_in = rows[min(nn, prob.nt_max)]
-    t_one = rows[1] if prob.nt_max >= 1 else None
+    t_in = rows[min(nn, prob.tables.nt_max)]
+    t_one = rows[1] if prob.tables.nt_max >= 1 else None
     pen, p, eps = float(prob.pen[j]), prob.p, SPEEDUP_EPS
-    min_r, max_nodes, nt_max = int(prob.min_replicas[j]), prob.max_nodes, prob.nt_max
+    min_r, max_nodes, nt_max = int(prob.min_replicas[j]), prob.max_nodes, prob.tables.nt_max
     spread = None
     best_g, best_k, best_mode = -math.inf, 0, 0
     # No k can gain more than reaching the job's best speedup anywhere: stop once k is so large
@@ -256,15 +256,6 @@ def best_option(prob: PolluxProblem, a: np.ndarray, j: int, st: FillState,
     return best_g, best_k, best_mode
 
 
-def _lists(prob: PolluxProblem, j: int) -> tuple[list[list[float]], list[float]]:
-    """Job j's speedup table and its best-over-nodes row as Python lists (cached)."""
-    got = prob.list_cache.get(j)
-    if got is None:
-        got = (prob.table[j].tolist(), prob.best_any_nodes[j].tolist())
-        prob.list_cache[j] = got
-    return got
-
-
 def estimates(prob: PolluxProblem, a: np.ndarray, free: np.ndarray, owner: np.ndarray,
               u_now: np.ndarray) -> np.ndarray:
     """Approximate best gain per GPU of every job's growth, vectorised (the greedy's first queue).
@@ -286,7 +277,7 @@ def estimates(prob: PolluxProblem, a: np.ndarray, free: np.ndarray, owner: np.nd
     cum_total = int(cum[-1]) if cum.size else 0
     k = np.arange(1, kmax + 1)[None, :]
     rk = r[:, None] + k
-    rc = np.minimum(rk, prob.rt_max)
+    rc = np.minimum(rk, prob.tables.rt_max)
     rows = np.arange(prob.num_jobs)[:, None]
     inplace = (r[:, None] > 0) & (k <= own_free[:, None])
     single = rk <= host_max[:, None]
