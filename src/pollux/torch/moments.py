@@ -1,5 +1,5 @@
 """Weighted moments of the per-step gradient-statistics estimates (the standard errors behind
-:class:`pollux.torch.decisions.Evidence`), kept by :class:`pollux.torch.gradstats.GradTracker`."""
+:class:`pollux.torch.decisions.Evidence`), kept by :class:`pollux.torch.grad_estimates.GradEstimates`."""
 
 from __future__ import annotations
 
