@@ -289,13 +289,14 @@ def _job_results(jobs: list[SimJob], timeline: dict[str, list[float]],
         hi = comp if comp is not None else (times[-1] if times.size else lo)
         sel = (times >= lo - 1e-9) & (times <= hi)
         mean_active = float(counts[sel].mean()) if np.any(sel) else 1.0
-        boot = float(j.bootstrap_gpu_s.sum())
-        type_hours = {t: float(j.type_gpu_s[i] + j.bootstrap_gpu_s[i]) / 3600.0
+        held = j.gpu_time
+        boot = float(held.bootstrap_gpu_s.sum())
+        type_hours = {t: float(held.type_gpu_s[i] + held.bootstrap_gpu_s[i]) / 3600.0
                       for i, t in enumerate(type_names)}
         out.append(JobResult(
             name=j.name, application=j.spec.application, submit=j.spec.submit_time,
             completion=comp, jct=None if comp is None else comp - j.spec.submit_time,
-            restarts=j.restarts, gpu_hours=(j.attained + boot if boot else j.attained) / 3600.0,
+            restarts=j.restarts, gpu_hours=(held.attained + boot if boot else held.attained) / 3600.0,
             fits=j.fits, epochs=j.epoch, active_jobs_mean=mean_active, batch_sizes=list(j.batch_sizes),
             type_gpu_hours=type_hours, bootstrap_gpu_hours=boot / 3600.0,
         ))

@@ -23,12 +23,13 @@ TunedJobs configurations (:func:`tuned_configs`), computed from the application'
 
 * ``JCT(r, B)`` — :func:`fixed_batch_jct`: the job run alone from start to completion on ``r`` GPUs
   packed 4 per node (``[4, …, 4, r mod 4]``) with the fixed global batch ``B``, exactly as the simulator
-  runs a baseline job (:func:`pollux.sim.engine.fixed_batch_config`: the smallest accumulation ``s`` with
-  local batch ``m = ⌈B / (r(s+1))⌉ ≤ max_local_bsz``, ``s ≥ 1`` on one GPU above M0, effective batch
-  ``M = r·m·(s+1)``); ``T_iter = step + s·(step − sync)`` from the profile, and epoch ``e`` advances at
-  ``gain(M/M0, sqr_e, var_e) / T_iter`` with the profile's statistics for that epoch and batch — like
-  :func:`pollux.sim.fairness.isolated_jct`, but with the batch fixed. No restarts or restart delay. A pair
-  is infeasible (JCT = ∞) when ``m < min_local_bsz`` or the profile has no step time for it.
+  runs a baseline job (:func:`pollux.sim.batch_config.fixed_batch_config`: the smallest accumulation
+  ``s`` with local batch ``m = ⌈B / (r(s+1))⌉ ≤ max_local_bsz``, ``s ≥ 1`` on one GPU above M0,
+  effective batch ``M = r·m·(s+1)``); ``T_iter = step + s·(step − sync)`` from the profile, and epoch
+  ``e`` advances at ``gain(M/M0, sqr_e, var_e) / T_iter`` with the profile's statistics for that epoch
+  and batch — like :func:`pollux.sim.fairness.isolated_jct`, but with the batch fixed. No restarts or
+  restart delay. A pair is infeasible (JCT = ∞) when ``m < min_local_bsz`` or the profile has no step
+  time for it.
 * The **best batch** for ``r`` replicas is the B among the application's validated batch sizes (its
   ``validation-<B>.csv`` files) with the smallest ``JCT(r, B)`` — equivalently the highest job-average
   goodput-based progress rate ``rate(r, B) = completion progress / JCT(r, B)``.
@@ -61,8 +62,8 @@ import numpy as np
 
 from pollux.goodput import gain
 from pollux.goodput.records import check_number
+from pollux.sim.batch_config import fixed_batch_config
 from pollux.sim.csvrows import read_rows
-from pollux.sim.engine import fixed_batch_config
 from pollux.sim.fairness import packed_placement
 from pollux.sim.profiles import AppProfile
 from pollux.sim.workload import WorkloadJob
