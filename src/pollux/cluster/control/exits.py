@@ -41,6 +41,11 @@ __all__ = ["ExitLoop", "Exits"]
 KILL_WAIT_S = 10.0
 
 
+def node_of(group: Group, rank: int) -> str:
+    """The node replica ``rank`` of the run was placed on ("?" if the run holds no such replica)."""
+    return next((h.node for h in group.handles if h.rank == rank), "?")
+
+
 class ExitLoop(Protocol):
     """What reading exits needs from, and asks of, the control loop."""
 
@@ -91,7 +96,7 @@ class Exits:
             group.futures.pop(rank, None)
             group.exits[rank] = status.code
             if status.lost:
-                self.loop.hold_node(next((h.node for h in group.handles if h.rank == rank), "?"))
+                self.loop.hold_node(node_of(group, rank))
             try:
                 now = self.loop.clock()
                 self.store.set_replica_exit(group.job_id, group.restart, rank, status.code, now=now)
@@ -133,7 +138,7 @@ class Exits:
             self.loop.request_stop(group, f"replica {rank} preempted itself (exit {code})")
             return
         failures = job.failures + 1   # the controller is the only writer of failures
-        node = next((h.node for h in group.handles if h.rank == rank), "?")
+        node = node_of(group, rank)
         reason = f"replica {rank} on {node} exited with code {code}"
         if failures > self.config.max_retries:
             self.loop.request_stop(group, reason, self.config.cancel_grace_s)
