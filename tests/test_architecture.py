@@ -17,22 +17,24 @@ SRC = Path(__file__).resolve().parents[1] / "src" / "pollux"
 ALLOWED: dict[str, set[str]] = {
     "contract": set(),
     "datasets": set(),
+    "durable": set(),
     "goodput": set(),
     "balance": {"goodput"},
     "hints": {"goodput", "contract"},
     "raylink": {"contract"},
     "policy": {"goodput"},
     "sim": {"goodput", "balance", "policy"},
-    "torch": {"goodput", "balance", "hints", "contract"},
+    "torch": {"goodput", "balance", "hints", "contract", "durable"},
     "cluster": {"goodput", "policy", "hints", "contract", "raylink"},
-    "litz": {"contract", "datasets", "hints", "raylink"},
-    "scar": {"contract", "datasets", "litz"},
+    "litz": {"contract", "datasets", "durable", "hints", "raylink"},
+    "scar": {"contract", "datasets", "durable", "litz"},
     "cli": {"goodput", "policy", "sim", "cluster", "hints", "contract", "raylink", "litz", "scar"},
 }
 #: Third-party packages a part must never import: the service and the core run without torch.
 FORBIDDEN_THIRD_PARTY: dict[str, set[str]] = {
     "contract": {"torch", "numpy", "ray", "fastapi"},
     "datasets": {"torch", "ray", "fastapi"},
+    "durable": {"torch", "numpy", "ray", "fastapi"},
     "goodput": {"torch", "ray", "fastapi"},
     "balance": {"torch", "ray", "fastapi"},
     "hints": {"torch", "ray"},

@@ -17,7 +17,7 @@ import shutil
 import uuid
 from pathlib import Path
 
-from pollux.litz.checkpoint_tables import fsync_path
+from pollux.durable import fsync_dir
 
 __all__ = ["MANIFEST", "MARKER", "STATES", "STEP_PREFIX", "TENSORS", "StepFolders"]
 
@@ -89,7 +89,7 @@ class StepFolders:
             os.rename(final, trash)
             shutil.rmtree(trash, ignore_errors=True)
         os.rename(tmp, final)
-        fsync_path(self.directory)
+        fsync_dir(self.directory)
         return final
 
     def discard(self, tmp: Path) -> None:

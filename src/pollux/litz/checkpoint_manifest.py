@@ -11,24 +11,17 @@ touches any data: a torn or foreign folder is refused with its file named, never
 from __future__ import annotations
 
 import json
-import os
 import time
 from pathlib import Path
 from typing import Any
 
+from pollux.durable import fsync_dir, write_durable
 from pollux.litz.checkpoint_folders import MANIFEST, MARKER
-from pollux.litz.checkpoint_tables import CheckpointError, crc32, fsync_path
+from pollux.litz.checkpoint_tables import CheckpointError, crc32
 
 __all__ = ["FORMAT", "read_manifest", "write_manifest"]
 
 FORMAT = "pollux-litz-checkpoint/1"
-
-
-def _write_file(path: Path, data: bytes) -> None:
-    with open(path, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
 
 
 def write_manifest(folder: Path, step: int, tables: dict[str, Any], segments: dict[str, list[int]]) -> int:
@@ -45,11 +38,11 @@ def write_manifest(folder: Path, step: int, tables: dict[str, Any], segments: di
         "segments": segments,
     }
     mbytes = json.dumps(manifest, sort_keys=True).encode()
-    _write_file(folder / MANIFEST, mbytes)
+    write_durable(folder / MANIFEST, mbytes)
     marker = json.dumps({"step": int(step), "manifest_crc32": crc32(mbytes)}).encode()
-    fsync_path(folder)
-    _write_file(folder / MARKER, marker)
-    fsync_path(folder)
+    fsync_dir(folder)
+    write_durable(folder / MARKER, marker)
+    fsync_dir(folder)
     return len(mbytes) + len(marker)
 
 

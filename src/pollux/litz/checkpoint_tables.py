@@ -9,7 +9,6 @@ what makes row-subset loads cheap (SCAR's partial recovery reads about the lost 
 from __future__ import annotations
 
 import contextlib
-import os
 import warnings
 import zlib
 from collections.abc import Iterator, Mapping
@@ -18,6 +17,7 @@ from typing import Any
 
 import numpy as np
 
+from pollux.durable import fsync_dir
 from pollux.litz.api import LitzError
 
 
@@ -27,14 +27,6 @@ class CheckpointError(LitzError):
 
 def crc32(data: Any) -> int:
     return zlib.crc32(memoryview(data).cast("B")) & 0xFFFFFFFF
-
-
-def fsync_path(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 @contextlib.contextmanager
@@ -128,7 +120,7 @@ def write_tables(
 
     with _dcp_quiet():
         dcp.save(sd, storage_writer=dcp.FileSystemWriter(tdir, sync_files=True), no_dist=True)
-    fsync_path(tdir)
+    fsync_dir(tdir)
     nbytes = sum(p.stat().st_size for p in tdir.iterdir() if p.is_file())
     return out, nbytes, len(sd)
 

@@ -17,6 +17,7 @@ next save or start. Checkpoint files are the job's own: they are loaded with ful
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
@@ -29,6 +30,8 @@ from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
 import torch
+
+from pollux.durable import fsync_dir, write_durable
 
 logger = logging.getLogger("pollux.torch")
 
@@ -47,26 +50,6 @@ class Stateful(Protocol):
     def state_dict(self) -> Any: ...
 
     def load_state_dict(self, state: Any) -> Any: ...
-
-
-def _fsync_dir(path: Path) -> None:
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:  # pragma: no cover - platforms without directory fds
-        return
-    try:
-        os.fsync(fd)
-    except OSError:  # pragma: no cover
-        pass
-    finally:
-        os.close(fd)
-
-
-def _write_synced(path: Path, writer) -> None:
-    with open(path, "wb") as f:
-        writer(f)
-        f.flush()
-        os.fsync(f.fileno())
 
 
 class CheckpointStore:
@@ -130,16 +113,16 @@ class CheckpointStore:
         files: dict[str, str] = {}
         for i, (name, state) in enumerate(states.items()):
             fname = f"state-{i:03d}.pt"
-            _write_synced(tmp / fname, lambda f, s=state: torch.save(s, f))
+            write_durable(tmp / fname, functools.partial(torch.save, state))
             files[name] = fname
         manifest = {"version": FORMAT_VERSION, "seq": seq, "time": time.time(), "states": files,
                     "meta": dict(meta or {})}
         text = json.dumps(manifest, indent=1, sort_keys=True).encode("utf-8")
-        _write_synced(tmp / MANIFEST, lambda f: f.write(text))
-        _fsync_dir(tmp)
+        write_durable(tmp / MANIFEST, text)
+        fsync_dir(tmp)
         final = self.root / f"{CHECKPOINT_PREFIX}{seq:08d}"
         os.rename(tmp, final)
-        _fsync_dir(self.root)
+        fsync_dir(self.root)
         for old_seq, old in complete:
             trash = self.root / f"{TRASH_PREFIX}{old_seq:08d}-{uuid.uuid4().hex[:8]}"
             try:

@@ -45,7 +45,7 @@ from pathlib import Path
 
 import numpy as np
 
-from pollux.litz.checkpoint_tables import fsync_path
+from pollux.durable import fsync_dir, write_durable
 from pollux.scar.api import ScarError
 
 __all__ = ["LoadResult", "RunningStore", "TableInfo"]
@@ -81,13 +81,6 @@ class LoadResult:
     bytes_read: int = 0
     meta_bytes_read: int = 0
     files_read: int = 0
-
-
-def _write(path: Path, data: bytes) -> None:
-    with open(path, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
 
 
 class RunningStore:
@@ -199,7 +192,7 @@ class RunningStore:
                 sel = groups == g
                 data = r[sel].tobytes() + np.ascontiguousarray(v[sel]).tobytes()
                 fname = f"t{ti}-g{int(g)}.bin"
-                _write(tmp / fname, data)
+                write_durable(tmp / fname, data)
                 self.bytes_written += len(data)
                 files.append(
                     {
@@ -211,10 +204,10 @@ class RunningStore:
                     }
                 )
         manifest = {"format": FORMAT, "seq": seq, "files": files}
-        _write(tmp / MANIFEST, json.dumps(manifest).encode())
-        fsync_path(tmp)
+        write_durable(tmp / MANIFEST, json.dumps(manifest).encode())
+        fsync_dir(tmp)
         os.rename(tmp, self.directory / name)  # the commit
-        fsync_path(self.directory)
+        fsync_dir(self.directory)
 
     def _compact(self, seq: int) -> None:
         """Fold the base and the deltas up to `seq` into a new base, then drop what it covers."""
@@ -227,7 +220,7 @@ class RunningStore:
                 trash = self.directory / f".trash-{src.name}-{uuid.uuid4().hex[:8]}"
                 os.rename(src, trash)
                 shutil.rmtree(trash, ignore_errors=True)
-        fsync_path(self.directory)
+        fsync_dir(self.directory)
 
     # ------------------------------------------------------------------ loading
     def load(self, rows: Mapping[str, np.ndarray] | None = None, upto: int | None = None) -> LoadResult:
