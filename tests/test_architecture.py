@@ -98,6 +98,22 @@ def test_imports_point_down(part):
     assert not bad, "imports against docs/architecture.md:\n" + "\n".join(bad)
 
 
+
+#: The Litz modules another part may import: its public face and the protocols of its seams.
+LITZ_PUBLIC = {"pollux.litz", "pollux.litz.api"}
+
+
+def test_scar_uses_only_litz_s_public_face():
+    """SCAR plugs into Litz through the `FaultTolerance` seam; Litz's insides may change freely."""
+    bad = []
+    for path in _sources():
+        if _part(path) != "scar":
+            continue
+        for line, module in _imports(path):
+            if module.startswith("pollux.litz") and module not in LITZ_PUBLIC:
+                bad.append(f"{path.relative_to(SRC.parent)}:{line} imports {module}")
+    assert not bad, "SCAR reaches into Litz's insides:\n" + "\n".join(bad)
+
 def test_no_source_file_over_the_limit():
     long = []
     for path in _sources():
