@@ -29,6 +29,14 @@ def sample_hints(init_batch_size: int = 128) -> dict:
                        max_replicas_seen=4, progress=12345.5, epoch=3)
 
 
+def wait_started(server: Any, thread: threading.Thread, timeout_s: float = 10.0) -> None:
+    """Wait until the uvicorn `server` running in `thread` listens; fail if it dies or is late."""
+    deadline = time.monotonic() + timeout_s
+    while not server.started:
+        assert thread.is_alive() and time.monotonic() < deadline, "uvicorn did not start"
+        time.sleep(0.02)
+
+
 @contextlib.contextmanager
 def serve_on_loopback(app: Any) -> Iterator[str]:
     """Serve ``app`` with uvicorn in a thread on 127.0.0.1 (a free port); yields its URL and stops
@@ -42,10 +50,7 @@ def serve_on_loopback(app: Any) -> Iterator[str]:
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
     try:
-        deadline = time.monotonic() + 10
-        while not server.started:
-            assert thread.is_alive() and time.monotonic() < deadline, "uvicorn did not start"
-            time.sleep(0.02)
+        wait_started(server, thread)
         yield f"http://127.0.0.1:{sock.getsockname()[1]}"
     finally:
         server.should_exit = True

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import threading
-import time
 
 import httpx
 import pytest
@@ -12,7 +11,7 @@ import uvicorn
 from fastapi.testclient import TestClient
 from prometheus_client.parser import text_string_to_metric_families
 
-from api_helpers import bearer, sample_hints
+from api_helpers import bearer, sample_hints, wait_started
 from pollux.cluster.api.app import create_app
 from pollux.cluster.state.store import JobStore
 
@@ -260,10 +259,7 @@ def test_real_uvicorn_server_on_loopback(store):
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     try:
-        deadline = time.monotonic() + 10
-        while not server.started:
-            assert thread.is_alive() and time.monotonic() < deadline, "uvicorn did not start"
-            time.sleep(0.02)
+        wait_started(server, thread)
         host, port = server.servers[0].sockets[0].getsockname()[:2]
         assert host == "127.0.0.1" and port > 0
         with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=5) as http:

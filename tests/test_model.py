@@ -21,6 +21,7 @@ from pollux.goodput import (
     should_switch,
     speedup_table,
 )
+from reference_throughput import t_iter
 
 EPS = 1e-9
 
@@ -32,17 +33,6 @@ TP_C = ThroughputParams(0.01, 0.001, 0.05, 0.001, 0.08, 0.02, 1.0)
 # --------------------------------------------------------------------------------------------
 # Independent reference: plain-Python SPEC §4 brute force
 # --------------------------------------------------------------------------------------------
-
-
-def ref_t_iter(p: ThroughputParams, n: int, k: int, m: float, s: int) -> float:
-    tg = p.alpha_grad + p.beta_grad * m
-    if k == 1:
-        ts = 0.0
-    elif n == 1:
-        ts = p.alpha_local + p.beta_local * (k - 2)
-    else:
-        ts = p.alpha_node + p.beta_node * (k - 2)
-    return s * tg + (tg**p.gamma + ts**p.gamma) ** (1.0 / p.gamma)
 
 
 def ref_efficiency(model: GoodputModel, batch: float) -> float:
@@ -82,7 +72,7 @@ def ref_optimize(model: GoodputModel, lim: BatchLimits, n: int, k: int):
         if m < lim.min_local_bsz or m > lim.max_local_bsz:
             continue
         batch = k * m * (s + 1)
-        good = batch / ref_t_iter(model.throughput_params, n, k, m, s) * ref_efficiency(model,
+        good = batch / t_iter(model.throughput_params, n, k, m, s) * ref_efficiency(model,
                                                                                           batch)
         if good > best[0]:
             best = (good, batch, m, s)
@@ -163,7 +153,7 @@ def test_optimize_matches_brute_force(model, lim):
                 n, k)
             assert plan.efficiency[i] == pytest.approx(ref_efficiency(model, batch), rel=1e-9)
             assert plan.throughput[i] == pytest.approx(
-                batch / ref_t_iter(model.throughput_params, n, k, m, s), rel=1e-9)
+                batch / t_iter(model.throughput_params, n, k, m, s), rel=1e-9)
             # the plan agrees with the model's own goodput at the chosen point
             assert plan.goodput[i] == pytest.approx(float(model.goodput(n, k, m, s)), rel=1e-9)
         else:

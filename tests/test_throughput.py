@@ -12,6 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy.optimize import approx_fprime
 
+import reference_throughput
 from pollux.goodput import (
     ThroughputFit,
     ThroughputParams,
@@ -41,21 +42,10 @@ def with_gamma(p: ThroughputParams, gamma: float) -> ThroughputParams:
     return ThroughputParams(**d)
 
 
-def overlap(tg: float, ts: float, gamma: float) -> float:
-    """Reference (tg^γ + ts^γ)^(1/γ), plain Python."""
-    return (tg**gamma + ts**gamma) ** (1.0 / gamma)
-
 
 def true_optim_time(p: ThroughputParams, n: int, k: int, m: float) -> float:
     """Independent plain-Python optimiser-step time (s = 0) from the SPEC formulas."""
-    tg = p.alpha_grad + p.beta_grad * m
-    if k == 1:
-        ts = 0.0
-    elif n == 1:
-        ts = p.alpha_local + p.beta_local * (k - 2)
-    else:
-        ts = p.alpha_node + p.beta_node * (k - 2)
-    return overlap(tg, ts, p.gamma)
+    return reference_throughput.t_iter(p, n, k, m)
 
 
 def true_t_iter(p: ThroughputParams, n: int, k: int, m: float, s: int) -> float:
