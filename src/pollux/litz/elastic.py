@@ -24,6 +24,7 @@ from ray.exceptions import RayError
 
 from pollux.litz.master import Master
 from pollux.litz.records import shard_assignment
+from pollux.litz.resizes import ShardResize, WorkerResize
 
 
 def _move(m: Master, e: int, dst: int, send_input: bool) -> Any:
@@ -90,18 +91,18 @@ def resize_workers(m: Master, num_workers: int | None = None, node_ids: list[str
         "state_bytes": 0,
     }
     m.summary.resizes.append(rec)
-    item = {"record": rec, "refs": [], "leaving": leaving, "staying": staying, "new": new}
     # executors move only once the new workers run (their start takes seconds, the job goes on)
-    item["starting"] = [members.workers[w].pid.remote() for w in new]
-    m.active_resizes.append(item)
+    starting = [members.workers[w].pid.remote() for w in new]
+    item = WorkerResize(rec, staying=staying, leaving=leaving, new=new, starting=starting)
+    m.resizes.begin_workers(item)
     if not new:
         _start_moves(m, item)
 
 
-def _start_moves(m: Master, item: dict[str, Any]) -> None:
-    staying, leaving, new = item["staying"], item["leaving"], item["new"]
+def _start_moves(m: Master, item: WorkerResize) -> None:
+    staying, leaving, new = item.staying, item.leaving, item.new
     targets = staying + new
-    item["record"]["t_ready"] = time.monotonic() - m.t0
+    item.record["t_ready"] = time.monotonic() - m.t0
     sizes = [len(b) for b in np.array_split(np.arange(m.cfg.num_executors), len(targets))]
     quota = dict(zip(targets, sizes, strict=True))
     loads = m.members.executors_of(targets)
@@ -121,18 +122,18 @@ def _start_moves(m: Master, item: dict[str, Any]) -> None:
             e = loads[src].pop()
             loads[dst].append(e)
             refs.append(_move(m, e, dst, send_input=True))
-    item["record"]["moved"] = len(refs)
-    item["refs"] = refs
-    item["starting"] = []
+    item.record["moved"] = len(refs)
+    item.moves = refs
+    item.starting = []
 
 
-def _new_workers_ready(m: Master, item: dict[str, Any]) -> bool:
+def _new_workers_ready(m: Master, item: WorkerResize) -> bool:
     """True once every new worker answered; a worker that cannot start cancels the resize."""
-    starting = item["starting"]
+    starting = item.starting
     if not starting:
         return True
     ready, _ = ray.wait(starting, num_returns=len(starting), timeout=0)
-    waited = time.monotonic() - m.t0 - item["record"]["t_trigger"]
+    waited = time.monotonic() - m.t0 - item.record["t_trigger"]
     if len(ready) < len(starting) and waited < m.cfg.worker_start_timeout_s:
         return False
     try:
@@ -140,12 +141,12 @@ def _new_workers_ready(m: Master, item: dict[str, Any]) -> bool:
             raise TimeoutError(f"not running after {waited:.0f} s (RuntimeConfig.worker_start_timeout_s)")
         pids = ray.get(starting)
     except (RayError, TimeoutError) as err:
-        m.members.remove(item["new"])
-        item["record"]["error"] = f"new workers did not start: {type(err).__name__}: {err}"
-        item["record"]["t_done"] = time.monotonic() - m.t0
-        m.active_resizes.remove(item)
+        m.members.remove(item.new)
+        item.record["error"] = f"new workers did not start: {type(err).__name__}: {err}"
+        item.record["t_done"] = time.monotonic() - m.t0
+        m.resizes.end_workers(item)
         return False
-    m.members.record_pids(item["new"], pids)
+    m.members.record_pids(item.new, pids)
     _start_moves(m, item)
     return True
 
@@ -153,24 +154,24 @@ def _new_workers_ready(m: Master, item: dict[str, Any]) -> bool:
 def advance_resizes(m: Master) -> None:
     """Finish resizes whose executors have arrived; kill leaving workers and retired shards that
     no running batch can still use."""
-    for item in list(m.active_resizes):
+    for item in list(m.resizes.workers):
         if not _new_workers_ready(m, item):
             continue
-        refs = item["refs"]
+        refs = item.moves
         if refs:
             ready, rest = ray.wait(refs, num_returns=len(refs), timeout=0)
-            item["record"]["state_bytes"] = item["record"].get("state_bytes", 0) + sum(m.get(ready))
-            item["refs"] = rest
+            item.record["state_bytes"] = item.record.get("state_bytes", 0) + sum(m.get(ready))
+            item.moves = rest
             if rest:
                 continue
-        leaving = item["leaving"]
+        leaving = item.leaving
         if any(info.worker_id in leaving for info in m.queue.inflight.values()):
             continue
         m.members.remove(leaving, wait=True)
-        item["record"]["t_done"] = time.monotonic() - m.t0
-        m.active_resizes.remove(item)
-    for item in list(m.shard_resizes):
-        _advance_shard_resize(m, item)
+        item.record["t_done"] = time.monotonic() - m.t0
+        m.resizes.end_workers(item)
+    for shard_item in list(m.resizes.shards):
+        _advance_shard_resize(m, shard_item)
     m.shards.drop_retired(m.queue.oldest_inflight_batch())
 
 
@@ -215,23 +216,21 @@ def resize_shards(m: Master, num_shards: int, node_ids: list[str] | None = None)
             new.append(m.shards.make(k, empty, node, m.commits.commit_id))
             handles.append(new[-1])
     except Exception as err:  # e.g. a malformed node id: the job goes on as it was
-        _cancel_shards(m, {"record": rec, "new": new}, f"new shards could not be created: {err}")
+        _cancel_shards(m, ShardResize(rec, handles, new), f"new shards could not be created: {err}")
         return
-    item = {"record": rec, "handles": handles, "new": new, "starting": [h.pid.remote() for h in new]}
-    m.shard_resizes.append(item)
+    m.resizes.begin_shards(ShardResize(rec, handles, new, starting=[h.pid.remote() for h in new]))
 
 
-def _cancel_shards(m: Master, item: dict[str, Any], error: str) -> None:
-    m.shards.discard(item["new"])
-    item["record"]["error"] = error
-    item["record"]["t_done"] = time.monotonic() - m.t0
-    if item in m.shard_resizes:
-        m.shard_resizes.remove(item)
+def _cancel_shards(m: Master, item: ShardResize, error: str) -> None:
+    m.shards.discard(item.new)
+    item.record["error"] = error
+    item.record["t_done"] = time.monotonic() - m.t0
+    m.resizes.end_shards(item)
 
 
-def _advance_shard_resize(m: Master, item: dict[str, Any]) -> None:
+def _advance_shard_resize(m: Master, item: ShardResize) -> None:
     """Once the new shards run: move rows to their owners under the new layout (forwarding)."""
-    rec, starting = item["record"], item["starting"]
+    rec, starting = item.record, item.starting
     if starting:
         ready, _ = ray.wait(starting, num_returns=len(starting), timeout=0)
         waited = time.monotonic() - m.t0 - rec["t_trigger"]
@@ -245,7 +244,7 @@ def _advance_shard_resize(m: Master, item: dict[str, Any]) -> None:
             _cancel_shards(m, item, f"new shards did not start: {type(err).__name__}: {err}")
             return
     rec["t_ready"] = time.monotonic() - m.t0
-    handles = item["handles"]
+    handles = item.handles
     m.commit()
     m.sync_commits()
     owners = {n: shard_assignment(meta.shape[0], len(handles), m.cfg.seed) for n, meta in m.tables.items()}
@@ -260,4 +259,4 @@ def _advance_shard_resize(m: Master, item: dict[str, Any]) -> None:
     m.mirror.relabel(m.layout.layout_id - 1, m.layout.layout_id)  # rows moved, values did not
     m.shards.retire(retired, m.queue.next_batch_id - 1)
     rec["t_done"] = time.monotonic() - m.t0
-    m.shard_resizes.remove(item)
+    m.resizes.end_shards(item)

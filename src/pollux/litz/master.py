@@ -39,6 +39,7 @@ from pollux.litz.records import (
     pack,
     unpack,
 )
+from pollux.litz.resizes import ResizesUnderWay
 from pollux.litz.running_job import MasterView
 from pollux.litz.shard_layout import ShardLayout
 from pollux.litz.worker_links import ActorLost, WorkerLinks, raise_batch_error
@@ -106,8 +107,7 @@ class Master:
         self.reset_run_state()
         self.members = Membership(app, cfg, self.tables, self.links, self.get)
         self.shards = ShardLayout(cfg, self.tables, self.get)
-        self.active_resizes: list[dict[str, Any]] = []  # worker resizes under way
-        self.shard_resizes: list[dict[str, Any]] = []  # shard resizes waiting for their new actors
+        self.resizes = ResizesUnderWay()  # worker and shard resizes begun, not yet done
         # no push under a fault-tolerance controller: the tasks' reads are then also what notices
         # a lost shard before another commit lands on the others (SCAR's partial recovery keeps
         # the surviving rows exactly as they were when the shard was lost)
@@ -167,8 +167,7 @@ class Master:
     def stop_actors(self) -> None:
         """Kill every worker and shard and wait until Ray reports each one gone."""
         handles = self.members.forget_all() + self.shards.take_all()
-        handles += [h for item in self.shard_resizes for h in item["new"]]
-        self.shard_resizes.clear()
+        handles += self.resizes.take_new_shards()
         for h in handles:
             ray.kill(h, no_restart=True)
         wait_dead(handles)

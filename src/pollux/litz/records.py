@@ -138,6 +138,21 @@ class RunSummary:
     def to_dict(self) -> dict[str, Any]:
         return {k: v for k, v in vars(self).items()}
 
+    def rewind(self, tasks_completed: int, metrics: int) -> None:
+        """Back to a consistent cut: the tasks completed then, and the first `metrics` reports."""
+        self.tasks_completed = int(tasks_completed)
+        del self.metrics[int(metrics) :]
+
+    def count_restored_cut(self) -> None:
+        """A cut was loaded to recover the run (every actor rebuilt from it)."""
+        self.checkpoints_loaded += 1
+        self.recoveries += 1
+
+    def mark_resumed(self) -> None:
+        """The cut just loaded was the run's start (a relaunched job), not a recovery from a loss."""
+        self.recoveries -= 1
+        self.resumed = True
+
 
 @dataclass
 class PendingTask:

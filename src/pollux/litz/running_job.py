@@ -118,18 +118,15 @@ def consistent_cut(m: Master, step: int) -> LitzCheckpoint:
 
 def restore_cut(m: Master, cp: LitzCheckpoint) -> None:
     """Rebuild every actor from the cut `cp` and put the master back to it (a global restart)."""
-    resizing = list(m.active_resizes)
+    leaving = m.resizes.leaving_workers()
     shards = len(m.layout.shards)
     members = m.members
-    nodes = [
-        members.nodes.get(w) for w in sorted(members.workers) if not any(w in r["leaving"] for r in resizing)
-    ]
+    nodes = [members.nodes.get(w) for w in sorted(members.workers) if w not in leaving]
     m.stop_actors()
-    m.active_resizes.clear()
+    m.resizes.forget_workers()
     m.reset_run_state()
     m.driver.load_state_dict(cp.driver_state)
-    m.summary.tasks_completed = int(cp.meta["tasks_completed"])
-    del m.summary.metrics[int(cp.meta["metrics"]) :]
+    m.summary.rewind(cp.meta["tasks_completed"], cp.meta["metrics"])
     tasks = {
         tid: PendingTask(tid, e, args, v)
         for e, items in cp.buffered_tasks.items()
@@ -144,5 +141,4 @@ def restore_cut(m: Master, cp: LitzCheckpoint) -> None:
     m.place_executors(
         {e: (cp.executor_states.get(e), int(seqs.get(e, 0))) for e in range(m.cfg.num_executors)}
     )
-    m.summary.checkpoints_loaded += 1
-    m.summary.recoveries += 1
+    m.summary.count_restored_cut()

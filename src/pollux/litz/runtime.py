@@ -136,7 +136,7 @@ class LitzRuntime:
             "version": m.queue.version,
             "tasks_completed": m.summary.tasks_completed,
             "resizing": bool(
-                m.active_resizes or m.shard_resizes or self._deferred or not self._requests.empty()
+                m.resizes.any() or self._deferred or not self._requests.empty()
             ),
             "resizes": [dict(r) for r in list(m.summary.resizes)],
             "recoveries": m.summary.recoveries,
@@ -169,8 +169,7 @@ class LitzRuntime:
             m.place_executors()
             if cfg.resume and writer is not None and writer.store.steps():
                 self._recover(m, writer)             # a relaunched job: from its latest checkpoint
-                m.summary.recoveries -= 1
-                m.summary.resumed = True
+                m.summary.mark_resumed()
             else:
                 m.driver.dispatch_initial_tasks(m.ctx)
                 if writer is not None:
@@ -221,11 +220,11 @@ class LitzRuntime:
                 m.summary.stopped = True
                 self._stop_checkpoint = self._stop_checkpoint or bool(kw.get("checkpoint"))
             elif kind == "shards":
-                if m.shard_resizes:  # one shard resize at a time
+                if m.resizes.shards:  # one shard resize at a time
                     self._deferred.append((kind, kw))
                 else:
                     resize_shards(m, kw["num_shards"])
-            elif m.active_resizes:  # one worker resize at a time: later ones wait their turn
+            elif m.resizes.workers:  # one worker resize at a time: later ones wait their turn
                 self._deferred.append((kind, kw))
             else:
                 resize_workers(m, kw["num_workers"], kw["node_ids"])
@@ -252,7 +251,7 @@ class LitzRuntime:
             ft = cfg.fault_tolerance
             if ft is not None and not m.finished and not pausing and ft.due(m.view):
                 pausing = ft_pausing = True
-            idle = not m.queue.inflight and not m.active_resizes and not m.shard_resizes
+            idle = not m.queue.inflight and not m.resizes.any()
             if ft is not None and pausing and ft_pausing and idle:
                 ft.checkpoint(m.view)  # the controller's own cut (see RuntimeConfig)
                 pausing = ft_pausing = False
@@ -261,8 +260,7 @@ class LitzRuntime:
                 and not ft_pausing
                 and writer is not None
                 and not m.queue.inflight
-                and not m.active_resizes
-                and not m.shard_resizes
+                and not m.resizes.any()
             ):
                 self._checkpoint(m, writer)
                 last_ckpt = time.monotonic()
@@ -277,7 +275,7 @@ class LitzRuntime:
                     self._stop_checkpoint = False
                 if not (self._stop_checkpoint and writer is not None):
                     return
-                if not m.active_resizes and not m.shard_resizes:
+                if not m.resizes.any():
                     self._checkpoint(m, writer)      # the cut a resumed run starts from
                     self._stop_checkpoint = False
                     return
@@ -286,8 +284,7 @@ class LitzRuntime:
             if (
                 not m.queue.inflight
                 and not m.queue.pending
-                and not m.active_resizes
-                and not m.shard_resizes
+                and not m.resizes.any()
                 and not pausing
             ):
                 raise LitzError(
