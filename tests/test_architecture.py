@@ -7,6 +7,7 @@ point: the design is then wrong, or the page (and this table) must change with a
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -183,3 +184,18 @@ def test_cluster_rooms_import_only_the_rooms_below_them(room):
             if target is not None and target != room and target not in CLUSTER_ROOMS[room]:
                 bad.append(f"{path.relative_to(SRC.parent)}:{line} imports {module}")
     assert not bad, "imports against the rooms of docs/architecture.md:\n" + "\n".join(bad)
+
+
+def test_every_module_the_architecture_page_names_exists():
+    """The walk-throughs and tables of docs/architecture.md name modules; a rename must update them."""
+    root = SRC.parents[1]
+    doc = (root / "docs" / "architecture.md").read_text()
+    named = set(re.findall(r"`([a-z_]+(?:/[a-z_]+)*\.py)`", doc))
+    assert len(named) > 50
+    missing = []
+    for name in sorted(named):
+        rel = name.removeprefix("pollux/")
+        places = [SRC / rel, root / name, root / "tests" / name]
+        if not any(p.exists() for p in places) and not any(SRC.rglob(rel)):
+            missing.append(name)
+    assert not missing, f"docs/architecture.md names modules that do not exist: {missing}"
