@@ -3,10 +3,11 @@
 Every operation of ``GET /openapi.json`` is called with requests generated from the schema itself —
 valid ones and, in negative mode, ones that break it — against the real application over a real
 SQLite store that holds real jobs (pending, cancelled, with hints, replicas and log files), with the
-admin token, a job's own token, another job's token, or a wrong one. Each answer must be no server
-error, have a documented status code, content type and headers, and a body that conforms to the
-documented schema; a request that breaks the schema must be refused (4xx). Generation is bounded
-and derandomised (the same cases every run), and the whole module stays well under a minute.
+admin token, a job's own token, another job's token, each of two users' tokens, or a wrong one. Each
+answer must be no server error, have a documented status code, content type and headers, and a body
+that conforms to the documented schema; a request that breaks the schema must be refused (4xx).
+Generation is bounded and derandomised (the same cases every run), and the whole module stays well
+under two minutes.
 """
 
 from __future__ import annotations
@@ -66,12 +67,15 @@ OPERATIONS = {
     ("PUT", "/v1/jobs/{job_id}/hints"): {200, 401, 403, 404},
     ("GET", "/v1/jobs/{job_id}/allocation"): {200, 401, 403, 404},
     ("PUT", "/v1/jobs/{job_id}/allocation"): {401, 403, 404},   # 200: test_cluster_elastic.py
+    ("POST", "/v1/users"): {201, 401, 403, 409},
+    ("GET", "/v1/users"): {200, 401, 403},
+    ("POST", "/v1/users/{name}/revoke"): {401, 403, 404},   # 200, 409: test_cluster_access.py
     ("GET", "/metrics"): {200},
 }
 #: The answers that cases breaking the schema must include, where a body or parameter can be broken.
 REFUSED = {("POST", "/v1/jobs"): {422}, ("GET", "/v1/jobs"): {422},
            ("GET", "/v1/jobs/{job_id}/logs"): {422}, ("PUT", "/v1/jobs/{job_id}/hints"): {422},
-           ("PUT", "/v1/jobs/{job_id}/allocation"): {422}}
+           ("PUT", "/v1/jobs/{job_id}/allocation"): {422}, ("POST", "/v1/users"): {422}}
 #: Operations that take no parameter, body or token: nothing in a request to them can break the
 #: schema, so they have no negative cases.
 NO_INPUT = {("GET", "/v1/health"), ("GET", "/metrics")}
@@ -102,6 +106,9 @@ def world(tmp_path):
         pending = store.submit(spec, name="pending")
         done = store.submit(spec, name="done")
         store.transition(done.id, "cancelled", reason="test")
+        alice = store.add_user("alice")
+        bob = store.add_user("bob")
+        alices = store.submit(spec, name="alice's", owner="alice")
         app = create_app(store, ADMIN, log_dir=logs, cluster_info=lambda: dict(CLUSTER),
                          node_resources=lambda: [dict(n) for n in NODES])
         schema = schemathesis.openapi.from_asgi("/openapi.json", app)
@@ -109,8 +116,8 @@ def world(tmp_path):
         refusals = schema.config.checks.negative_data_rejection
         refusals.expected_statuses = [*refusals.expected_statuses, "413"]
         yield {"schema": schema, "work": work,
-               "ids": [running.id, pending.id, done.id],
-               "tokens": [ADMIN, running.token, pending.token, "wrong-token"]}
+               "ids": [running.id, pending.id, done.id, alices.id],
+               "tokens": [ADMIN, running.token, pending.token, alice.token, bob.token, "wrong-token"]}
 
 
 def test_the_fuzzer_covers_every_operation(world):
@@ -121,7 +128,8 @@ def test_the_fuzzer_covers_every_operation(world):
 @pytest.mark.parametrize("method, path, mode", CASES)
 def test_every_answer_matches_the_schema(world, method, path, mode):
     """Cases generated from the schema (valid ones, or in negative mode ones that break it), each sent
-    with the admin token, the running job's own token, another job's token, a wrong one and none."""
+    with the admin token, the running job's own token, another job's token, two users' tokens (one
+    owns a job), a wrong one and none."""
     operation = world["schema"][path][method]
     positive = mode is GenerationMode.POSITIVE
     # Cases name a real job most of the time (unless the path is what a negative case breaks), and

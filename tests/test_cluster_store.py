@@ -21,6 +21,7 @@ from pollux.cluster.state.store import (
     SchemaVersionError,
     SpecError,
     UnknownJobError,
+    hash_token,
 )
 from pollux.goodput.records import GradStats, ThroughputParams
 from pollux.hints import HintsError, build_hints
@@ -253,6 +254,54 @@ def test_migrates_a_v1_database_keeping_its_jobs(tmp_path):
         assert job.state == "running" and job.restarts == 2 and job.failures == 0
         assert s.add_failure("old") == 1 and s.get_job("old").failures == 1
         assert s.token_matches("old", "t") and s.job_of_token("t") == "old"
+
+
+def test_a_v4_database_gains_users_keeping_its_jobs_as_the_admins(tmp_path):
+    """A state folder from before users (schema version 4) upgrades in place: every job stays, owned
+    by the admin, its token still its own, and users can be added."""
+    from pollux.cluster.state.store import MIGRATIONS
+    path = tmp_path / "v4.db"
+    conn = sqlite3.connect(path)
+    for version in MIGRATIONS[:4]:
+        for step in version:
+            if callable(step):
+                step(conn)
+            else:
+                conn.execute(step)
+    conn.execute("CREATE TABLE schema_version (version INTEGER NOT NULL)")
+    conn.execute("INSERT INTO schema_version VALUES (4)")
+    conn.execute("INSERT INTO jobs (id, name, spec, state, token_hash, submit_time) "
+                 "VALUES ('old', 'old', ?, 'running', ?, 1.0)", (json.dumps(SPEC), hash_token("t")))
+    conn.commit()
+    conn.close()
+    with JobStore(path) as s:
+        assert s.schema_version == SCHEMA_VERSION == 5
+        job = s.get_job("old")
+        assert job.state == "running" and job.owner is None and s.token_matches("old", "t")
+        alice = s.add_user("alice")
+        assert s.user_of_token(alice.token) == "alice" and s.list_jobs(owner="alice") == []
+        assert [j.id for j in s.list_jobs()] == ["old"]
+
+
+def test_users_tokens_are_kept_hashed_and_revocation_is_final_for_the_token(tmp_path):
+    with JobStore(tmp_path / "jobs.db") as s:
+        alice = s.add_user("alice", now=5.0)
+        assert alice.token and alice.created == 5.0
+        raw = sqlite3.connect(tmp_path / "jobs.db").execute("SELECT token_hash FROM users").fetchone()[0]
+        assert raw == hash_token(alice.token) and alice.token not in raw
+        with pytest.raises(ValueError, match="already exists"):
+            s.add_user("alice")
+        for bad in ("Alice", "admin", "", "a" * 65, "9lives", "a b"):
+            with pytest.raises(SpecError, match=r"^name: "):
+                s.add_user(bad)
+        assert s.user_of_token(alice.token) == "alice" and s.user_of_token("nope") is None
+        assert s.revoke_user("alice", now=9.0).revoked == 9.0
+        assert s.user_of_token(alice.token) is None
+        with pytest.raises(ValueError, match="already revoked"):
+            s.revoke_user("alice")
+        again = s.add_user("alice")
+        assert again.token != alice.token and s.user_of_token(again.token) == "alice"
+        assert [u.name for u in s.users()] == ["alice"]
 
 
 def test_list_jobs_filters_by_state(store):

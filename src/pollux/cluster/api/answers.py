@@ -13,9 +13,10 @@ from typing import Any
 from fastapi.responses import JSONResponse
 
 from pollux.cluster.backends.gputypes import job_gpu_types
-from pollux.cluster.state.records import JobRecord, ReplicaRecord, ResizeRecord, TransitionRecord
+from pollux.cluster.state.records import JobRecord, ReplicaRecord, ResizeRecord, TransitionRecord, UserRecord
 
-__all__ = ["SafeJSONResponse", "allocation_dict", "job_dict", "replica_dict", "sanitise", "transition_dict"]
+__all__ = ["SafeJSONResponse", "allocation_dict", "job_dict", "replica_dict", "sanitise", "transition_dict",
+           "user_dict"]
 
 _SURROGATE = re.compile("[\ud800-\udfff]")
 
@@ -56,6 +57,7 @@ def job_dict(job: JobRecord, *, token: bool = False,
         "restarts": job.restarts, "failures": job.failures, "failure_reason": job.failure_reason,
         "attained_service": job.attained_service, "allocation": dict(job.allocation),
         "gpu_types": job_gpu_types(job.allocation, types or {}),
+        "owner": job.owner,
     }
     if token:
         out["token"] = job.token
@@ -76,3 +78,11 @@ def replica_dict(r: ReplicaRecord) -> dict[str, Any]:
     """One replica process of a job's run."""
     return {"restart": r.restart, "rank": r.rank, "node": r.node, "pid": r.pid, "log_path": r.log_path,
             "start_time": r.start_time, "exit_code": r.exit_code, "end_time": r.end_time}
+
+
+def user_dict(user: UserRecord, *, token: bool = False) -> dict[str, Any]:
+    """A user as the API answers it (``token`` only on the answer to its creation)."""
+    out: dict[str, Any] = {"name": user.name, "created": user.created, "revoked": user.revoked}
+    if token:
+        out["token"] = user.token
+    return out

@@ -70,26 +70,37 @@ from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from pollux.cluster.api import schema
+from pollux.cluster.api.access import (
+    ADMIN_ONLY,
+    JOB_ROUTE,
+    MEMBER_ROUTE,
+    OWNER_ROUTE,
+    MemberCaller,
+    OwnedJob,
+    job_named,
+)
 from pollux.cluster.api.answers import (
     SafeJSONResponse,
     allocation_dict,
     job_dict,
     replica_dict,
     transition_dict,
+    user_dict,
 )
-from pollux.cluster.api.auth import bearer_token, same_token, unauthorised
 from pollux.cluster.api.limits import MAX_QUERY_INT, RequestError, find_nonfinite, read_json_body
 from pollux.cluster.api.logs import log_stream
 from pollux.cluster.api.metrics import ServiceMetrics
 from pollux.cluster.state.lifecycle import JobState
-from pollux.cluster.state.spec import JobSpec, SpecError, is_job_id, validate_name
+from pollux.cluster.state.spec import JobSpec, SpecError, validate_name
 from pollux.cluster.state.store import (
     JOB_STATES,
     TERMINAL_STATES,
     JobRecord,
     JobStore,
     UnknownJobError,
+    UnknownUserError,
 )
+from pollux.cluster.state.user_table import validate_user_name
 from pollux.hints import HintsError
 
 __all__ = ["SafeJSONResponse", "create_app"]
@@ -144,6 +155,7 @@ def create_app(store: JobStore, admin_token: str, *, log_dir: Path | None = None
                               "Errors are {\"detail\"}, plus \"field\" on 413 and 422.")
     metrics = ServiceMetrics(store)
     app.state.store = store
+    app.state.admin_token = admin_token
     app.state.metrics = metrics
 
     # -- errors: one JSON shape for all of them
@@ -178,23 +190,6 @@ def create_app(store: JobStore, admin_token: str, *, log_dir: Path | None = None
         _log.exception("%s %s failed", request.method, request.url.path)
         return SafeJSONResponse({"detail": "internal error (see the service's log)"}, status_code=500)
 
-    # -- authorisation
-
-    async def require_admin(request: Request) -> None:
-        if not same_token(bearer_token(request), admin_token):
-            raise unauthorised("invalid token")
-
-    def require_hints_token(request: Request, job_id: str) -> None:
-        """Admin, or the job's own current token; another job's token is 403, any other 401."""
-        token = bearer_token(request)
-        if same_token(token, admin_token):
-            return
-        if is_job_id(job_id) and store.token_matches(job_id, token):
-            return
-        if store.job_of_token(token) is not None:
-            raise HTTPException(403, "this token may only be used for its own job")
-        raise unauthorised("invalid token")
-
     def only_query(*names: str) -> Any:
         """A dependency refusing any query parameter but ``names`` (422 naming it): a misspelt
         filter (``?states=running``) is an error, not a silently unfiltered answer."""
@@ -206,13 +201,6 @@ def create_app(store: JobStore, admin_token: str, *, log_dir: Path | None = None
                     raise RequestError(422, key[:64], f"unknown query parameter ({expected})")
 
         return Depends(check)
-
-    admin = Depends(require_admin)
-
-    def get_job(job_id: str) -> JobRecord:
-        if not is_job_id(job_id):  # never stored; not worth a look-up (nor a bad bind)
-            raise HTTPException(404, f"unknown job {job_id[:80]!r}")
-        return store.get_job(job_id)  # UnknownJobError → 404
 
     def types() -> dict[str, str]:
         if node_types is None:
@@ -243,7 +231,7 @@ def create_app(store: JobStore, admin_token: str, *, log_dir: Path | None = None
     async def health() -> SafeJSONResponse:
         return SafeJSONResponse({"status": "ok"})
 
-    def submit_checked(body: Any) -> JobRecord:
+    def submit_checked(body: Any, owner: str | None) -> JobRecord:
         if not isinstance(body, Mapping):
             raise RequestError(422, "body", "expected a JSON object")
         unknown = sorted(k for k in body if k not in ("name", "spec"))
@@ -262,34 +250,36 @@ def create_app(store: JobStore, admin_token: str, *, log_dir: Path | None = None
             if check_files:
                 spec.check_files()
             spec.check_feasible(nodes())
-            return store.submit(spec, name=name)
+            return store.submit(spec, name=name, owner=owner)
         except SpecError as exc:
             raise _field_error(exc) from None
 
-    @app.post("/v1/jobs", status_code=201, dependencies=[admin, only_query()], response_model=None,
-              summary="Submit a job (admin); returns it with its token",
+    @app.post("/v1/jobs", status_code=201, dependencies=[only_query()], response_model=None,
+              summary="Submit a job (admin or a user, whose job it is); returns it with its token",
               responses=schema.responses(201, "SubmittedJob", 401, 413, 422, ok_text="Submitted"),
               openapi_extra={**schema.BEARER, **schema.request_body("SubmitRequest", "The job to run.")})
-    async def submit(request: Request) -> SafeJSONResponse:
+    async def submit(request: Request, caller: MemberCaller) -> SafeJSONResponse:
         body = await read_json_body(request)
-        job = await run_in_threadpool(submit_checked, body)
+        job = await run_in_threadpool(submit_checked, body, caller.owner_filter)
         if on_change is not None:
             on_change()
         return SafeJSONResponse(job_dict(job, token=True, types=types()), status_code=201)
 
-    @app.get("/v1/jobs", dependencies=[admin, only_query("state")], response_model=None,
-             summary="List jobs (admin), optionally only those in the given states",
+    @app.get("/v1/jobs", dependencies=[only_query("state")], response_model=None,
+             summary="List jobs (the admin: all; a user: its own), optionally only those in the given states",
              responses=schema.responses(200, "JobList", 401, 422), openapi_extra=schema.BEARER)
-    def list_jobs(state: _StatesQuery = None) -> SafeJSONResponse:  # type: ignore[assignment]
+    def list_jobs(caller: MemberCaller,
+                  state: _StatesQuery = None) -> SafeJSONResponse:  # type: ignore[assignment]
         known = types()
-        return SafeJSONResponse([job_dict(j, types=known) for j in store.list_jobs(state or None)])
+        jobs = store.list_jobs(state or None, owner=caller.owner_filter)
+        return SafeJSONResponse([job_dict(j, types=known) for j in jobs])
 
-    @app.get("/v1/jobs/{job_id}", dependencies=[admin, only_query()], response_model=None,
-             summary="Describe a job (admin)",
+    @app.get("/v1/jobs/{job_id}", dependencies=[only_query()], response_model=None,
+             summary="Describe a job (the admin, or the user who owns it)",
              responses=schema.responses(200, "JobDetail", 401, 404, 422), openapi_extra=schema.BEARER)
-    def describe(job_id: str) -> SafeJSONResponse:
+    def describe(job_id: str, job: OwnedJob) -> SafeJSONResponse:
         known = types()
-        out = job_dict(get_job(job_id), types=known)
+        out = job_dict(job, types=known)
         history = store.resizes(job_id)
         replicas = store.replicas(job_id)
         out["allocation_history"] = [allocation_dict(a) for a in history]
@@ -300,11 +290,10 @@ def create_app(store: JobStore, admin_token: str, *, log_dir: Path | None = None
         out["node_types"] = {n: known[n] for n in sorted(used) if n in known}
         return SafeJSONResponse(out)
 
-    @app.post("/v1/jobs/{job_id}/cancel", dependencies=[admin, only_query()], response_model=None,
-              summary="Cancel a job (admin); 409 if already terminal",
+    @app.post("/v1/jobs/{job_id}/cancel", dependencies=[only_query()], response_model=None,
+              summary="Cancel a job (the admin, or the user who owns it); 409 if already terminal",
               responses=schema.responses(200, "Job", 401, 404, 409, 422), openapi_extra=schema.BEARER)
-    def cancel(job_id: str) -> SafeJSONResponse:
-        job = get_job(job_id)
+    def cancel(job_id: str, job: OwnedJob) -> SafeJSONResponse:
         if job.state in TERMINAL_STATES:
             raise HTTPException(409, f"job {job_id!r} is already {job.state}")
         try:   # the lifecycle's one transition function, as for every other move
@@ -315,21 +304,21 @@ def create_app(store: JobStore, admin_token: str, *, log_dir: Path | None = None
             on_change()
         return SafeJSONResponse(job_dict(job, types=types()))
 
-    @app.get("/v1/cluster", dependencies=[admin, only_query()], response_model=None,
-             summary="The cluster as the service sees it (admin): nodes, policy, rounds",
+    @app.get("/v1/cluster", dependencies=[MEMBER_ROUTE, only_query()], response_model=None,
+             summary="The cluster as the service sees it (the admin or a user): nodes, policy, rounds",
              responses=schema.responses(200, "Cluster", 401, 404, 422), openapi_extra=schema.BEARER)
     def cluster() -> SafeJSONResponse:
         if cluster_info is None:
             raise HTTPException(404, "this service has no cluster backend")
         return SafeJSONResponse(cluster_info())
 
-    @app.get("/v1/jobs/{job_id}/logs", dependencies=[admin, only_query("restart", "rank")],
+    @app.get("/v1/jobs/{job_id}/logs", dependencies=[OWNER_ROUTE, only_query("restart", "rank")],
              response_class=PlainTextResponse,
-             response_model=None, summary="The job's replica logs (admin), as text",
+             response_model=None,
+             summary="The job's replica logs (the admin, or the user who owns it), as text",
              responses=schema.responses(200, None, 401, 404, 422, text=True), openapi_extra=schema.BEARER)
     def logs(job_id: str, restart: _IndexQuery = None,  # type: ignore[assignment]
              rank: _IndexQuery = None) -> StreamingResponse:  # type: ignore[assignment]
-        get_job(job_id)
         files: list[tuple[str, Path]] = []
         for rep in store.replicas(job_id, restart):
             if (rank is not None and rep.rank != rank) or not rep.log_path:
@@ -350,23 +339,23 @@ def create_app(store: JobStore, admin_token: str, *, log_dir: Path | None = None
             raise RequestError(422, exc.field or "body", exc.detail) from exc
 
     @app.put("/v1/jobs/{job_id}/hints", response_model=None,
-             dependencies=[Depends(require_hints_token), only_query()],
-             summary="Report a running job's hints (admin or the job's own token)",
+             dependencies=[JOB_ROUTE, only_query()],
+             summary="Report a running job's hints (the admin, its owner, or the job's own token)",
              responses=schema.responses(200, "Hints", 401, 403, 404, 413, 422, ok_text="The hints as stored"),
              openapi_extra={**schema.BEARER, **schema.request_body("Hints", "The job's hints (SPEC §8).")})
     async def put_hints(request: Request, job_id: str) -> SafeJSONResponse:
-        await run_in_threadpool(get_job, job_id)
         body = await read_json_body(request)
         data = await run_in_threadpool(put_hints_checked, job_id, body)
         metrics.add_hints()
         return SafeJSONResponse(data)
 
     @app.get("/v1/jobs/{job_id}/allocation", response_model=None,
-             dependencies=[Depends(require_hints_token), only_query()],
-             summary="An elastic job's current allocation and the version it applied (admin or its token)",
+             dependencies=[JOB_ROUTE, only_query()],
+             summary="An elastic job's current allocation and the version it applied "
+                     "(admin, owner or its token)",
              responses=schema.responses(200, "Allocation", 401, 403, 404, 422), openapi_extra=schema.BEARER)
     def get_allocation(job_id: str) -> SafeJSONResponse:
-        job = get_job(job_id)
+        job = job_named(store, job_id)
         version, allocation, applied = store.allocation_version(job_id)
         return SafeJSONResponse({"version": version, "allocation": allocation, "applied": applied,
                                  "state": job.state})
@@ -383,17 +372,54 @@ def create_app(store: JobStore, admin_token: str, *, log_dir: Path | None = None
             raise RequestError(422, "version", str(exc).removeprefix("version: ")) from exc
 
     @app.put("/v1/jobs/{job_id}/allocation", response_model=None,
-             dependencies=[Depends(require_hints_token), only_query()],
-             summary="An elastic job says it applied an allocation version in place (admin or its token)",
+             dependencies=[JOB_ROUTE, only_query()],
+             summary="An elastic job says it applied an allocation version in place "
+                     "(admin, owner or its token)",
              responses=schema.responses(200, "Allocation", 401, 403, 404, 413, 422,
                                      ok_text="The allocation after the acknowledgement (applied < version: "
                                              "a newer round overtook the version acknowledged)"),
              openapi_extra={**schema.BEARER, **schema.request_body("AllocationAck", "The version applied.")})
     async def put_allocation(request: Request, job_id: str) -> SafeJSONResponse:
-        await run_in_threadpool(get_job, job_id)
         body = await read_json_body(request)
         await run_in_threadpool(ack_checked, job_id, body)
         return await run_in_threadpool(get_allocation, job_id)
+
+    def add_user_checked(body: Any) -> dict[str, Any]:
+        if not isinstance(body, Mapping) or set(body) != {"name"}:
+            raise RequestError(422, "body", 'expected {"name": <user name>}')
+        try:
+            user = store.add_user(validate_user_name(body["name"]))
+        except SpecError as exc:
+            raise RequestError(422, "name", exc.detail) from None
+        except ValueError as exc:
+            raise HTTPException(409, str(exc)) from None
+        return user_dict(user, token=True)
+
+    @app.post("/v1/users", status_code=201, dependencies=[ADMIN_ONLY, only_query()],
+              response_model=None,
+              summary="Create a user (admin); returns it with its token, once",
+              responses=schema.responses(201, "NewUser", 401, 403, 409, 413, 422, ok_text="Created"),
+              openapi_extra={**schema.BEARER, **schema.request_body("UserRequest", "The user to create.")})
+    async def add_user(request: Request) -> SafeJSONResponse:
+        body = await read_json_body(request)
+        return SafeJSONResponse(await run_in_threadpool(add_user_checked, body), status_code=201)
+
+    @app.get("/v1/users", dependencies=[ADMIN_ONLY, only_query()], response_model=None,
+             summary="List the users (admin), revoked ones included",
+             responses=schema.responses(200, "UserList", 401, 403, 422), openapi_extra=schema.BEARER)
+    def list_users() -> SafeJSONResponse:
+        return SafeJSONResponse([user_dict(u) for u in store.users()])
+
+    @app.post("/v1/users/{name}/revoke", dependencies=[ADMIN_ONLY, only_query()], response_model=None,
+              summary="Revoke a user's token (admin); its jobs stay. 409 if already revoked",
+              responses=schema.responses(200, "User", 401, 403, 404, 409, 422), openapi_extra=schema.BEARER)
+    def revoke_user(name: str) -> SafeJSONResponse:
+        try:
+            return SafeJSONResponse(user_dict(store.revoke_user(name)))
+        except UnknownUserError as exc:
+            raise HTTPException(404, str(exc)) from None
+        except ValueError as exc:
+            raise HTTPException(409, str(exc)) from None
 
     @app.get("/metrics", response_class=PlainTextResponse, response_model=None,
              summary="Prometheus metrics (no auth: counts only)", dependencies=[only_query()],

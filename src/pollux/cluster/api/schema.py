@@ -23,6 +23,7 @@ from fastapi.openapi.utils import get_openapi
 from pollux.cluster.api.limits import MAX_BODY_BYTES, MAX_JSON_DEPTH, MAX_QUERY_INT
 from pollux.cluster.state import spec
 from pollux.cluster.state.lifecycle import JOB_STATES
+from pollux.cluster.state.user_table import USER_NAME_PATTERN
 from pollux.contract import BALANCE_MODES, JOB_KINDS
 from pollux.hints import load_schema as _load_hints_schema
 
@@ -157,6 +158,14 @@ _JOB_FIELDS: dict[str, Any] = {
     "allocation": _ALLOCATION,
     "gpu_types": {"type": "array", "items": {"type": "string"},
                   "description": "GPU types of the allocation's nodes, sorted; empty on an untyped cluster."},
+    "owner": {**_nullable({"type": "string"}), "description": "The user who submitted the job; null "
+              "for the admin's jobs."},
+}
+
+_USER_FIELDS: dict[str, Any] = {
+    "name": {"type": "string", "pattern": f"^{USER_NAME_PATTERN}$"},
+    "created": _TIME,
+    "revoked": {**_nullable(_TIME), "description": "When the user's token was revoked; null while it works."},
 }
 
 
@@ -221,6 +230,12 @@ COMPONENTS: dict[str, Any] = {
         "What an elastic job's master follows: its current allocation and the version it applied."),
     "AllocationAck": _object({"version": {"type": "integer", "minimum": 1}},
                              "An elastic job's master: the allocation version now applied in place."),
+    "UserRequest": _object({"name": _USER_FIELDS["name"]}, "Body of POST /v1/users: the new user's name."),
+    "User": _object(_USER_FIELDS, "A user of the service (never with its token)."),
+    "NewUser": _object({**_USER_FIELDS, "token": {
+        "type": "string", "description": "The user's bearer token, returned only here."}},
+        "The user just created, with its token."),
+    "UserList": {"type": "array", "items": _ref("User")},
     "Health": _object({"status": {"type": "string", "const": "ok"}}),
     "Error": _object({"detail": {"type": "string"}}, "Every error but a validation error."),
     "FieldError": _object({"detail": {"type": "string", "description": "Starts with the field."},

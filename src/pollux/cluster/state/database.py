@@ -132,7 +132,7 @@ class StoreConnection:
             submit_time=row["submit_time"], start_time=row["start_time"], end_time=row["end_time"],
             restarts=row["restarts"], failure_reason=row["failure_reason"],
             attained_service=row["attained_service"], allocation=stored_allocation(row["allocation"]),
-            failures=row["failures"], spec_error=spec_error)
+            failures=row["failures"], spec_error=spec_error, owner=row["owner"])
 
 
 class Transaction:

@@ -28,8 +28,9 @@ class JobTable(StoreConnection):
     """Jobs and their transitions."""
 
     def submit(self, spec: JobSpec | Mapping[str, Any], *, name: str | None = None,
-               job_id: str | None = None, now: float | None = None) -> JobRecord:
-        """Add a pending job; ``job_id`` defaults to ``job-<8 hex>``, ``name`` to the id.
+               job_id: str | None = None, now: float | None = None, owner: str | None = None) -> JobRecord:
+        """Add a pending job; ``job_id`` defaults to ``job-<8 hex>``, ``name`` to the id; ``owner`` is
+        the user submitting it (None: the admin).
 
         Raises :class:`SpecError` (a ValueError naming the field) for a bad spec or name, ValueError
         for a bad id or one already taken. The returned record is the only one that carries the
@@ -51,9 +52,10 @@ class JobTable(StoreConnection):
             elif conn.execute("SELECT 1 FROM jobs WHERE id = ?", (job_id,)).fetchone() is not None:
                 raise ValueError(f"job_id: {job_id!r} already exists")
             conn.execute(
-                "INSERT INTO jobs (id, name, spec, state, token_hash, submit_time) VALUES (?, ?, ?, ?, ?, ?)",
+                "INSERT INTO jobs (id, name, spec, state, token_hash, submit_time, owner) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?)",
                 (job_id, name if name is not None else job_id, json.dumps(spec.to_dict()), "pending",
-                 hash_token(token), t))
+                 hash_token(token), t, owner))
             conn.execute("INSERT INTO transitions (job_id, from_state, to_state, time, reason) "
                          "VALUES (?, NULL, 'pending', ?, 'submitted')", (job_id, t))
             return dataclasses.replace(self._job(self._row(conn, job_id)), token=token)
@@ -63,8 +65,8 @@ class JobTable(StoreConnection):
         with self._lock:
             return self._job(self._row(self._conn, job_id))
 
-    def list_jobs(self, states: Iterable[str] | None = None) -> list[JobRecord]:
-        """Jobs in submission order, optionally only those in ``states``.
+    def list_jobs(self, states: Iterable[str] | None = None, *, owner: str | None = None) -> list[JobRecord]:
+        """Jobs in submission order, optionally only those in ``states`` and only ``owner``'s.
 
         Never fails because of one bad row: a job whose stored spec no longer validates is listed
         with ``spec_error`` set, and if it is not terminal yet it is failed first (reason
@@ -74,14 +76,18 @@ class JobTable(StoreConnection):
         for s in wanted or ():
             if s not in JOB_STATES:
                 raise ValueError(f"states: unknown job state {s!r}")
+        where: list[str] = []
+        params: list[str] = []
+        if wanted is not None:
+            where.append(f"state IN ({','.join('?' * len(wanted))})")
+            params += wanted
+        if owner is not None:
+            where.append("owner = ?")
+            params.append(owner)
+        clause = f"WHERE {' AND '.join(where)} " if where else ""
         with self._lock:
-            if wanted is None:
-                rows = self._conn.execute("SELECT * FROM jobs ORDER BY submit_time, rowid").fetchall()
-            else:
-                marks = ",".join("?" * len(wanted))
-                rows = self._conn.execute(
-                    f"SELECT * FROM jobs WHERE state IN ({marks}) ORDER BY submit_time, rowid",
-                    wanted).fetchall()
+            query = f"SELECT * FROM jobs {clause}ORDER BY submit_time, rowid"
+            rows = self._conn.execute(query, params).fetchall()
             jobs = [self._job(r) for r in rows]
             if any(j.spec_error is not None and not j.terminal for j in jobs):
                 jobs = [self._fail_invalid(j) for j in jobs]

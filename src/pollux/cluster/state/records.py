@@ -12,7 +12,7 @@ from pollux.cluster.state.lifecycle import TERMINAL_STATES
 from pollux.cluster.state.spec import JobSpec
 
 __all__ = ["AllocationRecord", "JobRecord", "ReplicaRecord", "ResizeRecord", "TransitionRecord",
-           "UnknownJobError"]
+           "UnknownJobError", "UnknownUserError", "UserRecord"]
 
 
 class UnknownJobError(KeyError):
@@ -26,7 +26,34 @@ class UnknownJobError(KeyError):
         return f"unknown job {self.job_id!r}"
 
 
+class UnknownUserError(KeyError):
+    """No user of this name in the store."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        super().__init__(name)
+
+    def __str__(self) -> str:
+        return f"unknown user {self.name!r}"
+
+
 # ---------------------------------------------------------------------------------------------- records
+
+
+@dataclass(frozen=True)
+class UserRecord:
+    """One user of the service: its name, when it was created, and when it was revoked (None while
+    its token works). ``token`` is the plain token on the record :meth:`JobStore.add_user` returns,
+    None on every record read back (the store keeps only its hash)."""
+
+    name: str
+    created: float
+    revoked: float | None = None
+    token: str | None = None
+
+    @property
+    def active(self) -> bool:
+        return self.revoked is None
 
 
 @dataclass(frozen=True)
@@ -36,7 +63,8 @@ class JobRecord:
     ``token`` is the job's plain token on the record :meth:`JobStore.submit` returns, and None on
     every record read back (only its hash is stored). ``spec_error`` is None, or — for a row whose
     stored spec no longer validates — the first problem, ``spec`` then being a best-effort reading
-    (:meth:`JobSpec.from_stored`).
+    (:meth:`JobSpec.from_stored`). ``owner`` is the user who submitted the job, None for the
+    admin's jobs.
     """
 
     id: str
@@ -53,6 +81,7 @@ class JobRecord:
     allocation: dict[str, int]
     failures: int = 0
     spec_error: str | None = None
+    owner: str | None = None
 
     @property
     def terminal(self) -> bool:

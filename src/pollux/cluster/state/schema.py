@@ -8,7 +8,9 @@ as hashing the stored tokens). Opening a database newer than :data:`SCHEMA_VERSI
 
 Version 1 is the first schema; version 2 counts failed runs apart from restarts; version 3 keeps job
 tokens only as hashes (:func:`hash_token`), in the column ``token_hash``, with an index for finding
-the job of a token; version 4 records the allocations an elastic job has applied in place.
+the job of a token; version 4 records the allocations an elastic job has applied in place; version 5
+adds users (each with a hashed token) and the owner of each job (NULL: the admin's, as every job
+submitted before users existed).
 """
 
 from __future__ import annotations
@@ -115,6 +117,18 @@ MIGRATIONS: list[list[MigrationStep]] = [
             time REAL NOT NULL
         )""",
         "CREATE INDEX applied_job ON applied(job_id, version)",
+    ],
+    [
+        # Version 5: users of their own (issue 35). A user's token is kept only as its hash; a
+        # revoked user keeps its row (its jobs still name it) with ``revoked`` set.
+        """CREATE TABLE users (
+            name TEXT PRIMARY KEY,
+            token_hash TEXT NOT NULL UNIQUE,
+            created REAL NOT NULL,
+            revoked REAL
+        )""",
+        "ALTER TABLE jobs ADD COLUMN owner TEXT",
+        "CREATE INDEX jobs_owner ON jobs(owner, submit_time)",
     ],
 ]
 #: The schema version this code writes.

@@ -18,7 +18,7 @@ transaction, and records it in the ``transitions`` table. The records live in
 :mod:`pollux.cluster.state.records`.
 
 The store is split by what it keeps, one class per table in a module named after it
-(:mod:`.job_table`, :mod:`.token_table`, :mod:`.allocation_table`, :mod:`.hints_table`,
+(:mod:`.job_table`, :mod:`.token_table`, :mod:`.user_table`, :mod:`.allocation_table`, :mod:`.hints_table`,
 :mod:`.policy_state_table`, :mod:`.replica_table`), over one connection (:mod:`.database`).
 :class:`JobStore` joins them, and owns the one write that spans tables: a scheduling round's result
 (:meth:`JobStore.apply_round`).
@@ -47,11 +47,14 @@ from pollux.cluster.state.records import (
     ResizeRecord,
     TransitionRecord,
     UnknownJobError,
+    UnknownUserError,
+    UserRecord,
 )
 from pollux.cluster.state.replica_table import ReplicaTable
 from pollux.cluster.state.schema import MIGRATIONS, SCHEMA_VERSION, SchemaVersionError, hash_token
 from pollux.cluster.state.spec import JobSpec, SpecError
 from pollux.cluster.state.token_table import TokenTable
+from pollux.cluster.state.user_table import UserTable
 from pollux.policy.base import PolicyState
 
 __all__ = [
@@ -70,11 +73,13 @@ __all__ = [
     "SpecError",
     "TransitionRecord",
     "UnknownJobError",
+    "UnknownUserError",
+    "UserRecord",
     "hash_token",
 ]
 
 
-class JobStore(JobTable, TokenTable, AllocationTable, HintsTable, PolicyStateTable, ReplicaTable):
+class JobStore(JobTable, TokenTable, UserTable, AllocationTable, HintsTable, PolicyStateTable, ReplicaTable):
     """The persistent job store; see the module docstring."""
 
     def apply_round(self, policy: str, policy_state: PolicyState | None,
