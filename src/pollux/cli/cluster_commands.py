@@ -42,6 +42,7 @@ from pollux.cli.parser import (
     positive_float,
     positive_int,
 )
+from pollux.cli.service_access import client_of, service_options
 from pollux.contract import BALANCE_MODES, JOB_KINDS
 
 if TYPE_CHECKING:
@@ -56,9 +57,7 @@ def _say(message: str) -> None:
 
 
 def _client(args: argparse.Namespace) -> PolluxClient:
-    from pollux.cluster.client import PolluxClient
-
-    return PolluxClient.from_state_dir(args.state_dir)
+    return client_of(args)
 
 
 def _print_json(data: Any) -> None:
@@ -256,12 +255,7 @@ def local_nodes(text: str) -> int | str:
 
 def add_cluster_commands(sub: Any) -> None:
     """Add ``server start|stop|status``, ``submit``, ``ls``, ``describe``, ``logs``, ``cancel`` to ``sub``."""
-    from pollux.cluster.server import default_state_dir
-
-    common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("--state-dir", metavar="DIR", type=Path, default=default_state_dir(),
-                        help="the server's state folder (default: $POLLUX_STATE_DIR or ~/.pollux; now "
-                             "%(default)s)")
+    common = service_options()
     as_json = argparse.ArgumentParser(add_help=False)
     as_json.add_argument("--json", action="store_true", help="print JSON")
 

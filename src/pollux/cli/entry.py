@@ -30,6 +30,7 @@ from pollux.cli.litz_commands import add_litz_commands
 from pollux.cli.parser import Parser
 from pollux.cli.scar_commands import add_scar_commands
 from pollux.cli.sim_commands import add_sim_commands
+from pollux.cli.user_commands import add_user_commands
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -38,6 +39,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     add_sim_commands(sub)
     add_cluster_commands(sub)
+    add_user_commands(sub)
     add_litz_commands(sub)
     add_scar_commands(sub)
     return parser

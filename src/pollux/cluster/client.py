@@ -73,11 +73,13 @@ class PolluxClient:
                                   headers={"Authorization": f"Bearer {token}"})
 
     @classmethod
-    def from_state_dir(cls, state_dir: Path | str, timeout: float = 30.0) -> PolluxClient:
-        """The client of the service running from ``state_dir``; raises ``ServerError`` if none runs."""
+    def from_state_dir(cls, state_dir: Path | str, timeout: float = 30.0,
+                       token: str | None = None) -> PolluxClient:
+        """The client of the service running from ``state_dir``, with ``token`` (a user's) or else the
+        folder's admin token; raises ``ServerError`` if none runs."""
         from pollux.cluster.server import connect
 
-        info = connect(Path(state_dir))
+        info = connect(Path(state_dir), token)
         return cls(info.url, info.token, timeout=timeout)
 
     # -- plumbing
@@ -150,3 +152,15 @@ class PolluxClient:
     def cluster(self) -> dict[str, Any]:
         """Nodes and GPU slots, policy, scheduling interval and rounds run."""
         return self._json("GET", "/v1/cluster")
+
+    def add_user(self, name: str) -> dict[str, Any]:
+        """Create a user (admin); returns it with its ``token``, which is shown only this once."""
+        return self._json("POST", "/v1/users", json={"name": name})
+
+    def users(self) -> list[dict[str, Any]]:
+        """Every user (admin), revoked ones included."""
+        return self._json("GET", "/v1/users")
+
+    def revoke_user(self, name: str) -> dict[str, Any]:
+        """Revoke a user's token (admin); its jobs stay."""
+        return self._json("POST", f"/v1/users/{urllib.parse.quote(name, safe='')}/revoke")

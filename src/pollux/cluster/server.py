@@ -303,17 +303,23 @@ def _abort(state: Path, service: subprocess.Popen | None, spawned: int | None, k
     return f"\n({'; '.join(notes)})" if notes else ""
 
 
-def connect(state_dir: Path) -> ServerInfo:
-    """The running server of ``state_dir``; raises :class:`ServerError` if none runs there."""
+def connect(state_dir: Path, token: str | None = None) -> ServerInfo:
+    """The running server of ``state_dir``, to be called with ``token`` (a user's), else with the
+    folder's admin token; raises :class:`ServerError` if none runs there."""
     state = Path(state_dir).resolve()
     info = read_json(state / "server.json") or {}
     running = _running_service(state)
     if running is None or not running[1]:
         raise ServerError(f"no Pollux service runs from {state}; start one with `pollux server start`")
-    try:
-        token = (state / "admin-token").read_text().strip()
-    except FileNotFoundError as exc:
-        raise ServerError(f"{state / 'admin-token'}: admin token file not found") from exc
+    if token is None:
+        try:
+            token = (state / "admin-token").read_text().strip()
+        except FileNotFoundError as exc:
+            raise ServerError(f"{state / 'admin-token'}: admin token file not found (give a token with "
+                              "--token or POLLUX_TOKEN)") from exc
+        except PermissionError as exc:
+            raise ServerError(f"{state / 'admin-token'}: not readable by you; give your own token with "
+                              "--token or POLLUX_TOKEN") from exc
     return ServerInfo(state, running[1], token, running[0], info.get("rayhost_pid"),
                       info.get("ray_address", ""), info.get("run_as"))
 
