@@ -360,3 +360,35 @@ def test_a_round_reads_every_jobs_hints_with_one_query(store, monkeypatch):
     got = original(f"j{i:03d}" for i in range(30))
     assert sorted(got) == [f"j{i:03d}" for i in range(0, 30, 3)] and got["j003"]["version"] == 2
     assert original([]) == {} and original(["nope"]) == {}
+
+
+def test_a_round_writes_itself_and_what_it_expects_of_each_job(store):
+    """The round's outlook: on its new allocation, a job with hints gets the batch configuration,
+    efficiency and goodput its model chooses there (the agent's own choice), its speedup over one GPU
+    and its noise scale; a job without hints only its GPUs. The round and the outlooks are written
+    with the allocations, in one call."""
+    submit(store, 2)
+    store.put_hints("j000", hints())
+    res = schedule_once(store, CLUSTER, make_policy("pollux"), 50.0, np.random.default_rng(0))
+    assert set(res.outlook) == {"j000", "j001"}
+    mine = res.outlook["j000"]
+    row = res.allocation["j000"]
+    assert mine.gpus == sum(row.values()) > 0 and mine.nodes == len(row)
+    view = job_view(store.get_job("j000"), store.get_hints("j000"), 50.0)
+    plan = view.model.optimize(len(row), sum(row.values()), view.limits)
+    assert mine.batch_size == pytest.approx(float(plan.batch_size))
+    assert mine.accum_steps == int(plan.accum_steps)
+    assert mine.goodput == pytest.approx(float(plan.goodput)) and 0 < mine.efficiency <= 1
+    single = float(view.model.optimize(1, 1, view.limits).goodput)
+    assert mine.speedup == pytest.approx(mine.goodput / single)
+    assert mine.pgns == pytest.approx(view.model.grad_stats.pgns(view.model.init_batch_size))
+    other = res.outlook["j001"]
+    assert other.goodput is None and other.batch_size is None
+    assert other.gpus == sum(res.allocation.get("j001", {}).values())
+    store.apply_round(res.policy, res.policy_state, res.changed, now=50.0, outlook=res.outlook.values(),
+                      duration_s=res.duration_s, jobs=res.num_jobs)
+    (written,) = store.rounds()
+    assert (written.time, written.policy, written.jobs) == (50.0, "pollux", 2)
+    assert written.changed == len(res.changed)
+    assert store.outlooks() == res.outlook
+    assert store.outlooks(["j001"]) == {"j001": other}

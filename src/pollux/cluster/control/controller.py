@@ -141,7 +141,9 @@ class Controller:
         result = self.scheduler.decide(now, cluster)
         self.rounds += 1
         # One write for the whole round: the policy's state and every changed allocation.
-        written = self.store.apply_round(result.policy, result.policy_state, result.changed, now=now)
+        written = self.store.apply_round(result.policy, result.policy_state, result.changed, now=now,
+                                         outlook=result.outlook.values(), duration_s=result.duration_s,
+                                         jobs=result.num_jobs)
         for jid in written:
             logger.info("round %d: job %s -> %s", self.rounds, jid, result.changed[jid] or "no GPUs")
         if result.changed:

@@ -32,7 +32,9 @@ from typing import Any
 import numpy as np
 
 from pollux.cluster.backends.launcher import gpus_per_replica
+from pollux.cluster.control.outlook import round_outlook
 from pollux.cluster.state.lifecycle import SCHEDULED_STATES
+from pollux.cluster.state.records import JobOutlook
 from pollux.cluster.state.store import JobRecord, JobStore
 from pollux.hints import hints_to_model, hints_to_type_models
 from pollux.policy.base import (
@@ -130,6 +132,8 @@ class RoundResult:
     num_jobs: int = 0
     excluded: dict[str, str] = field(default_factory=dict)
     policy_state: PolicyState | None = None
+    #: What the round expects of each job it scheduled, on its new allocation.
+    outlook: dict[str, JobOutlook] = field(default_factory=dict)
 
 
 def _clean(row: Mapping[str, int]) -> dict[str, int]:
@@ -264,9 +268,11 @@ def schedule_once(store: JobStore, cluster: Cluster, policy: Policy, now: float,
     check_allocation(allocation, cluster)
     changed = {jid: allocation.get(jid, {}) for jid in sorted(ids)
                if allocation.get(jid, {}) != previous.get(jid, {})}
+    duration_s = time.perf_counter() - start
+    outlook = round_outlook(views, allocation, now)
     return RoundResult(now=float(now), policy=policy.name, allocation=allocation, changed=changed,
-                       previous=previous, duration_s=time.perf_counter() - start, num_jobs=len(jobs),
-                       excluded=excluded, policy_state=new_state)
+                       previous=previous, duration_s=duration_s, num_jobs=len(jobs),
+                       excluded=excluded, policy_state=new_state, outlook=outlook)
 
 
 class Scheduler:

@@ -11,8 +11,18 @@ from dataclasses import dataclass
 from pollux.cluster.state.lifecycle import TERMINAL_STATES
 from pollux.cluster.state.spec import JobSpec
 
-__all__ = ["AllocationRecord", "JobRecord", "ReplicaRecord", "ResizeRecord", "TransitionRecord",
-           "UnknownJobError", "UnknownUserError", "UserRecord"]
+__all__ = [
+    "AllocationRecord",
+    "JobOutlook",
+    "JobRecord",
+    "ReplicaRecord",
+    "ResizeRecord",
+    "RoundRecord",
+    "TransitionRecord",
+    "UnknownJobError",
+    "UnknownUserError",
+    "UserRecord",
+]
 
 
 class UnknownJobError(KeyError):
@@ -126,3 +136,37 @@ class ReplicaRecord:
     start_time: float
     exit_code: int | None
     end_time: float | None
+
+
+@dataclass(frozen=True)
+class JobOutlook:
+    """What a round expects of a job on the allocation it gave (:mod:`pollux.cluster.control.outlook`):
+    its GPUs and nodes, and — once the job has reported hints — the batch size, local batch and
+    accumulation steps its goodput model chooses there, the statistical efficiency, goodput (examples
+    per second, weighted by efficiency), speedup over one GPU, and the gradient noise scale. ``time``
+    is the round's."""
+
+    job_id: str
+    time: float
+    gpus: int
+    nodes: int
+    batch_size: float | None = None
+    local_bsz: float | None = None
+    accum_steps: int | None = None
+    efficiency: float | None = None
+    goodput: float | None = None
+    speedup: float | None = None
+    pgns: float | None = None
+
+
+@dataclass(frozen=True)
+class RoundRecord:
+    """One scheduling round: when, how long the policy took, which policy, how many jobs it saw and
+    how many allocations it changed."""
+
+    number: int
+    time: float
+    duration_s: float
+    policy: str
+    jobs: int
+    changed: int

@@ -10,7 +10,7 @@ Version 1 is the first schema; version 2 counts failed runs apart from restarts;
 tokens only as hashes (:func:`hash_token`), in the column ``token_hash``, with an index for finding
 the job of a token; version 4 records the allocations an elastic job has applied in place; version 5
 adds users (each with a hashed token) and the owner of each job (NULL: the admin's, as every job
-submitted before users existed).
+submitted before users existed); version 6 keeps the rounds and each job's latest outlook.
 """
 
 from __future__ import annotations
@@ -129,6 +129,31 @@ MIGRATIONS: list[list[MigrationStep]] = [
         )""",
         "ALTER TABLE jobs ADD COLUMN owner TEXT",
         "CREATE INDEX jobs_owner ON jobs(owner, submit_time)",
+    ],
+    [
+        # Version 6: the rounds, and what the latest round expects of each job (issue 35: /metrics
+        # and the web view), written with the round's allocations.
+        """CREATE TABLE rounds (
+            number INTEGER PRIMARY KEY,
+            time REAL NOT NULL,
+            duration_s REAL NOT NULL,
+            policy TEXT NOT NULL,
+            jobs INTEGER NOT NULL,
+            changed INTEGER NOT NULL
+        )""",
+        """CREATE TABLE job_outlook (
+            job_id TEXT PRIMARY KEY REFERENCES jobs(id) ON DELETE CASCADE,
+            time REAL NOT NULL,
+            gpus INTEGER NOT NULL,
+            nodes INTEGER NOT NULL,
+            batch_size REAL,
+            local_bsz REAL,
+            accum_steps INTEGER,
+            efficiency REAL,
+            goodput REAL,
+            speedup REAL,
+            pgns REAL
+        )""",
     ],
 ]
 #: The schema version this code writes.

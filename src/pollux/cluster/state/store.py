@@ -26,7 +26,7 @@ The store is split by what it keeps, one class per table in a module named after
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 
 from pollux.cluster.state.allocation_table import AllocationTable, check_allocation
 from pollux.cluster.state.database import timestamp
@@ -42,6 +42,7 @@ from pollux.cluster.state.lifecycle import (
 from pollux.cluster.state.policy_state_table import PolicyStateTable, write_policy_state
 from pollux.cluster.state.records import (
     AllocationRecord,
+    JobOutlook,
     JobRecord,
     ReplicaRecord,
     ResizeRecord,
@@ -51,6 +52,7 @@ from pollux.cluster.state.records import (
     UserRecord,
 )
 from pollux.cluster.state.replica_table import ReplicaTable
+from pollux.cluster.state.round_table import RoundTable, write_outlooks, write_round
 from pollux.cluster.state.schema import MIGRATIONS, SCHEMA_VERSION, SchemaVersionError, hash_token
 from pollux.cluster.state.spec import JobSpec, SpecError
 from pollux.cluster.state.token_table import TokenTable
@@ -79,14 +81,17 @@ __all__ = [
 ]
 
 
-class JobStore(JobTable, TokenTable, UserTable, AllocationTable, HintsTable, PolicyStateTable, ReplicaTable):
+class JobStore(JobTable, TokenTable, UserTable, AllocationTable, HintsTable, PolicyStateTable, ReplicaTable,
+               RoundTable):
     """The persistent job store; see the module docstring."""
 
     def apply_round(self, policy: str, policy_state: PolicyState | None,
                     changed: Mapping[str, Mapping[str, int]],
-                    now: float | None = None) -> dict[str, JobRecord]:
-        """Write a scheduling round's result in one transaction: the policy's state, and each changed
-        job's new allocation (a pending job given GPUs starts: pending → starting).
+                    now: float | None = None, *, outlook: Iterable[JobOutlook] = (),
+                    duration_s: float = 0.0, jobs: int = 0) -> dict[str, JobRecord]:
+        """Write a scheduling round's result in one transaction: the policy's state, each changed
+        job's new allocation (a pending job given GPUs starts: pending → starting), the round itself
+        (``duration_s``: the policy's time; ``jobs`` it saw) and each job's ``outlook``.
 
         A job no longer scheduled (cancelled, or finished, since the round read the store) is left
         alone. Every allocation is checked before anything is written, so a bad row writes nothing.
@@ -97,6 +102,8 @@ class JobStore(JobTable, TokenTable, UserTable, AllocationTable, HintsTable, Pol
         written: dict[str, JobRecord] = {}
         with self._tx() as conn:
             write_policy_state(conn, policy, policy_state, t)
+            write_round(conn, t, float(duration_s), policy, int(jobs), len(rows))
+            write_outlooks(conn, outlook)
             for job_id, row in rows.items():
                 state = self._row(conn, job_id)["state"]
                 if state not in SCHEDULED_STATES:
