@@ -159,7 +159,7 @@ def test_hints_with_job_token_then_visible_in_describe(client):
     # The admin token is accepted as well.
     r = client.put(f"/v1/jobs/{job['id']}/hints", json=hints, headers=auth(ADMIN))
     assert r.status_code == 200
-    assert scrape(client.get("/metrics").text)[("pollux_hints_received_total", ())] == 2
+    assert scrape(client.get("/metrics", headers=auth(ADMIN)).text)[("pollux_hints_received_total", ())] == 2
 
 
 def test_hints_with_another_jobs_token_is_403(client):
@@ -221,7 +221,8 @@ def test_metrics_gauges(client, store):
     store.transition(a["id"], "starting")
     store.set_allocation(a["id"], {"node-0": 2, "node-1": 1})
     client.post(f"/v1/jobs/{b['id']}/cancel", headers=auth(ADMIN))
-    r = client.get("/metrics")
+    assert client.get("/metrics").status_code == 401          # per-job series: a token is needed
+    r = client.get("/metrics", headers=auth(ADMIN))
     assert r.status_code == 200 and r.headers["content-type"].startswith("text/plain")
     lines = r.text.splitlines()
     assert "# TYPE pollux_jobs gauge" in lines
@@ -233,9 +234,14 @@ def test_metrics_gauges(client, store):
     assert samples[("pollux_jobs", (("state", "running"),))] == 0
     assert samples[("pollux_allocated_gpus", ())] == 3
     assert samples[("pollux_hints_received_total", ())] == 0
-    # The same series as before prometheus_client, and nothing else (no ``_created`` series).
-    assert {name for name, _ in samples} == {"pollux_jobs", "pollux_allocated_gpus",
-                                            "pollux_hints_received_total"}
+    assert samples[("pollux_queue_length", ())] == 0
+    assert samples[("pollux_round_duration_seconds_count", ())] == 0
+    # Per job, while it runs and for a while after it ended; no ``_created`` series anywhere.
+    labels = (("gpu_type", ""), ("job", a["id"]), ("kind", "restart"), ("user", "admin"))
+    assert samples[("pollux_job_gpus", labels)] == 3 and samples[("pollux_job_restarts", labels)] == 0
+    assert {name for name, _ in samples if name.startswith("pollux_job_")} == {
+        "pollux_job_gpus", "pollux_job_restarts", "pollux_job_failures"}   # no hints yet: no outlook
+    assert not any(name.endswith("_created") for name, _ in samples)
 
 
 def scrape(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:

@@ -216,7 +216,7 @@ def test_metrics_counts_without_loading_jobs(client, store, spec):
     real = store.list_jobs
     store.list_jobs = lambda *a, **k: calls.append(a) or real(*a, **k)  # observe, do not replace
     try:
-        r = client.get("/metrics")
+        r = client.get("/metrics", headers=auth())
     finally:
         store.list_jobs = real
     assert r.status_code == 200 and 'pollux_jobs{state="pending"} 1' in r.text

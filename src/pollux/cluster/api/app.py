@@ -1,40 +1,32 @@
 """The REST API of the live scheduler service (SPEC §9), built with FastAPI.
 
 :func:`create_app` returns an application over a :class:`~pollux.cluster.state.store.JobStore`. Every
-endpoint but ``GET /v1/health`` and ``GET /metrics`` needs ``Authorization: Bearer <token>``. Answers
-and their status codes (every route also answers 422 to a query parameter it does not take):
+endpoint but ``GET /v1/health`` needs ``Authorization: Bearer <token>``, and follows one rule of
+:mod:`pollux.cluster.api.access` (the admin; users, each seeing only its own jobs; a job's own token
+for its hints and allocation). ``docs/cluster.md`` has the table of every route's rule and status
+codes, which ``tests/test_cluster_access.py`` checks cell by cell. Every route also answers 422 to a
+query parameter it does not take.
 
 ==========================================  =================================================================
 ``GET  /v1/health``                         no auth; 200 ``{"status": "ok"}``
-``POST /v1/jobs``                           admin; body ``{"name"?: str, "spec": {...}}`` → 201, the job with
-                                            its ``token`` (returned only here, for the agent's environment);
-                                            401, 413 (body over 1 MiB), 422 (invalid JSON, nested over 32
-                                            deep, a lone surrogate, an invalid or infeasible spec or name)
-``GET  /v1/jobs[?state=S...]``              admin; 200 the jobs (no tokens), optionally only those in states
-                                            S; 401, 422 (unknown state)
-``GET  /v1/jobs/{id}``                      admin; 200 the job, allocation history, transitions, replicas,
-                                            hints; 401, 404
-``POST /v1/jobs/{id}/cancel``               admin; 200 → cancelled; 401, 404, 409 (already terminal)
-``GET  /v1/cluster``                        admin; 200 nodes and GPU slots, policy, interval, rounds run;
-                                            401, 404 (no cluster backend)
-``GET  /v1/jobs/{id}/logs[?restart&rank]``  admin; 200 text/plain, the replicas' log files that exist, each
-                                            after a header line ``==> restart R rank K (node N) <==``; 401,
-                                            404, 422 (restart/rank not an integer in 0..2**31-1)
-``PUT  /v1/jobs/{id}/hints``                admin or the job's own current token; 200 the hints as stored;
-                                            401, 403 (another job's token), 404, 413, 422 (the hints
-                                            contract, SPEC §8, plus the body limits above)
-``GET  /v1/jobs/{id}/allocation``           admin or the job's token; 200 ``{version, allocation, applied,
-                                            state}``: what an elastic job's master follows; 401, 403, 404
-``PUT  /v1/jobs/{id}/allocation``           admin or the job's token; body ``{"version": n}``: the master
-                                            applied version n in place; 200 as GET; 401, 403, 404, 413,
-                                            422 (not a version of the job's allocations)
-``GET  /metrics``                           no auth (loopback by default, and it reveals only counts), so a
-                                            scraper needs no token; 200 Prometheus text, from counts alone
+``POST /v1/jobs``                           admin or user (the job is theirs); → 201, the job with its
+                                            ``token`` (returned only here); 401, 413, 422
+``GET  /v1/jobs[?state=S...]``              admin (all) or user (its own); 200 the jobs (no tokens)
+``GET  /v1/jobs/{id}``                      admin or the owner; 200 the job, allocation history,
+                                            transitions, replicas, hints; 401, 404
+``POST /v1/jobs/{id}/cancel``               admin or the owner; 200 → cancelled; 401, 404, 409
+``GET  /v1/cluster``                        admin or user; 200 nodes and GPU slots, policy, rounds; 401, 404
+``GET  /v1/jobs/{id}/logs[?restart&rank]``  admin or the owner; 200 text/plain, the replicas' log files
+``PUT  /v1/jobs/{id}/hints``                admin, the owner or the job's current token; 200 the hints as
+                                            stored; 401, 403 (another job's token), 404, 413, 422
+``GET  /v1/jobs/{id}/allocation``           as hints; 200 ``{version, allocation, applied, state}``
+``PUT  /v1/jobs/{id}/allocation``           as hints; body ``{"version": n}``: the master applied version n
+``POST /v1/users``                          admin; body ``{"name": N}`` → 201 the user with its token, once
+``GET  /v1/users``                          admin; 200 every user
+``POST /v1/users/{name}/revoke``            admin; 200; 404, 409 (already revoked)
+``GET  /metrics``                           admin (every job's series) or user (its own jobs'); Prometheus
+                                            text (:mod:`pollux.cluster.api.metrics`)
 ==========================================  =================================================================
-
-Tokens: the admin token (compared in constant time) authorises everything. A job's token (the store
-keeps only its hash) authorises only its own job's hints and allocation routes; anywhere else it is
-an unknown token (401).
 
 Errors are JSON: ``{"detail": message}``, and for a validation error (422) or an over-large body (413)
 also ``"field"``, the dotted path of the offending value (``"spec.init_batch_size"``,
@@ -59,6 +51,7 @@ job therefore never turns a listing into a 500.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -153,10 +146,19 @@ def create_app(store: JobStore, admin_token: str, *, log_dir: Path | None = None
     app = FastAPI(title="Pollux scheduler", version="1", default_response_class=SafeJSONResponse,
                   description="Submit, inspect and cancel jobs; receive hints from running jobs. "
                               "Errors are {\"detail\"}, plus \"field\" on 413 and 422.")
-    metrics = ServiceMetrics(store)
+    metrics = ServiceMetrics(store, node_types=node_types)
     app.state.store = store
     app.state.admin_token = admin_token
     app.state.metrics = metrics
+
+    @app.middleware("http")
+    async def _time_requests(request: Request, call_next: Callable[[Request], Any]) -> Any:
+        """Observe each request's latency by method and route template (bounded label values)."""
+        start = time.perf_counter()
+        response = await call_next(request)
+        route = getattr(request.scope.get("route"), "path", "unmatched")
+        metrics.observe_request(request.method, route, time.perf_counter() - start)
+        return response
 
     # -- errors: one JSON shape for all of them
 
@@ -422,10 +424,11 @@ def create_app(store: JobStore, admin_token: str, *, log_dir: Path | None = None
             raise HTTPException(409, str(exc)) from None
 
     @app.get("/metrics", response_class=PlainTextResponse, response_model=None,
-             summary="Prometheus metrics (no auth: counts only)", dependencies=[only_query()],
-             responses=schema.responses(200, None, 422, text=True))
-    def prometheus() -> PlainTextResponse:
-        return metrics.exposition()
+             summary="Prometheus metrics (the admin: every job's series; a user: its own jobs')",
+             dependencies=[only_query()], responses=schema.responses(200, None, 401, 422, text=True),
+             openapi_extra=schema.BEARER)
+    def prometheus(caller: MemberCaller) -> PlainTextResponse:
+        return metrics.exposition(owner=caller.owner_filter)
 
     schema.install(app)
     return app

@@ -6,14 +6,28 @@ from __future__ import annotations
 
 import sqlite3
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 
-from pollux.cluster.state.database import StoreConnection
+from pollux.cluster.state.database import StoreConnection, stored_allocation
 from pollux.cluster.state.records import JobOutlook, RoundRecord
 
-__all__ = ["RoundTable", "write_outlooks", "write_round"]
+__all__ = ["JobSeriesRow", "RoundTable", "write_outlooks", "write_round"]
 
 _OUTLOOK_COLUMNS = ("job_id", "time", "gpus", "nodes", "batch_size", "local_bsz", "accum_steps", "efficiency",
                     "goodput", "speedup", "pgns")
+
+
+@dataclass(frozen=True)
+class JobSeriesRow:
+    """What a job's metric series show: who and what it is, its counts, and its latest outlook."""
+
+    job_id: str
+    owner: str | None
+    kind: str
+    allocation: dict[str, int]
+    restarts: int
+    failures: int
+    outlook: JobOutlook | None
 
 
 def write_round(conn: sqlite3.Connection, time: float, duration_s: float, policy: str, jobs: int,
@@ -57,6 +71,40 @@ class RoundTable(StoreConnection):
                         chunk).fetchall()
         return {r["job_id"]: _outlook(r) for r in rows}
 
+    def round_durations(self, buckets: Iterable[float]) -> tuple[list[int], int, float]:
+        """For a histogram of the policy's time per round over every round kept: the number of rounds
+        at most each bucket's bound, the count and the sum — in one query."""
+        bounds = [float(b) for b in buckets]
+        sums = ", ".join("COALESCE(SUM(duration_s <= ?), 0)" for _ in bounds)
+        with self._lock:
+            columns = [sums] if bounds else []
+            columns += ["COUNT(*)", "COALESCE(SUM(duration_s), 0)"]
+            row = self._conn.execute(f"SELECT {', '.join(columns)} FROM rounds", bounds).fetchone()
+        values = list(row)
+        return [int(v) for v in values[:-2]], int(values[-2]), float(values[-1])
+
+    def job_series(self, since: float, owner: str | None = None) -> list[JobSeriesRow]:
+        """The jobs whose metric series are shown: every job not ended, and those ended at ``since``
+        or later, with their latest outlook (only ``owner``'s, if given). The spec is not parsed:
+        its ``kind`` is read by SQLite, so that a huge spec costs no Python time."""
+        query = ("SELECT j.id AS id, j.owner AS owner, "
+                 "COALESCE(CASE WHEN json_valid(j.spec) THEN json_extract(j.spec, '$.kind') END, 'restart') "
+                 "AS kind, "
+                 "j.allocation AS allocation, "
+                 "j.restarts AS restarts, j.failures AS failures, o.* "
+                 "FROM jobs j LEFT JOIN job_outlook o ON o.job_id = j.id "
+                 "WHERE (j.end_time IS NULL OR j.end_time >= ?)")
+        params: list[object] = [float(since)]
+        if owner is not None:
+            query += " AND j.owner = ?"
+            params.append(owner)
+        with self._lock:
+            rows = self._conn.execute(query + " ORDER BY j.submit_time, j.rowid", params).fetchall()
+        return [JobSeriesRow(r["id"], r["owner"], str(r["kind"]), stored_allocation(r["allocation"]),
+                             int(r["restarts"]), int(r["failures"]),
+                             None if r["job_id"] is None else _outlook(r)) for r in rows]
+
 
 def _outlook(row: Mapping[str, object]) -> JobOutlook:
+    """A stored outlook; the job's own columns of a joined row are ignored."""
     return JobOutlook(**{c: row[c] for c in _OUTLOOK_COLUMNS})  # type: ignore[arg-type]
