@@ -43,6 +43,7 @@ from pollux.cli.parser import (
     positive_int,
 )
 from pollux.cli.service_access import client_of, service_options
+from pollux.cli.terminal import StatusLine, is_terminal
 from pollux.contract import BALANCE_MODES, JOB_KINDS
 
 if TYPE_CHECKING:
@@ -181,7 +182,8 @@ def cmd_ls(args: argparse.Namespace) -> int:
         headers.insert(4, "TYPE")
         for row, j in zip(rows, jobs, strict=True):
             row.insert(4, ",".join(j.get("gpu_types") or []) or "-")
-    print(table(headers, rows, right=(3, 6) if len(headers) > 8 else (3, 5)))
+    right = (3, 6) if len(headers) > 8 else (3, 5)
+    print(table(headers, rows, right=right, terminal=is_terminal(sys.stdout)))
     return 0
 
 
@@ -191,7 +193,7 @@ def cmd_nodes(args: argparse.Namespace) -> int:
     if args.json:
         _print_json(cluster.get("nodes") or [])
     else:
-        print(nodes_text(cluster))
+        print(nodes_text(cluster, terminal=is_terminal(sys.stdout)))
     return 0
 
 
@@ -201,7 +203,7 @@ def cmd_describe(args: argparse.Namespace) -> int:
     if args.json:
         _print_json(job)
     else:
-        print(describe_text(job))
+        print(describe_text(job, terminal=is_terminal(sys.stdout)))
     return 0
 
 
@@ -219,15 +221,26 @@ def cmd_logs(args: argparse.Namespace) -> int:
             if not text:
                 print(f"({escape(args.job)}: no logs yet)", file=sys.stderr)
             return 0
-        follower = LogFollower(write)
-        while True:
-            state = client.job(args.job)["state"]   # before the logs: once terminal, these are final
-            final = state in TERMINAL_STATES
-            follower.feed(client.logs(args.job, restart=args.restart, rank=args.rank), final)
-            if final:
-                print(f"({escape(args.job)} {escape(state)})", file=sys.stderr)
-                return 0
-            time.sleep(args.interval)
+        # On a terminal, a status line on stderr under the logs says what is being waited for; it
+        # is taken away while log text is written to the same screen, so the two never mix.
+        status = StatusLine(sys.stderr, shares_screen=is_terminal(sys.stdout))
+        new: list[str] = []
+        follower = LogFollower(new.append)
+        with status:
+            while True:
+                state = client.job(args.job)["state"]   # before the logs: once terminal, these are final
+                final = state in TERMINAL_STATES
+                status.update(f"{escape(args.job)}: {escape(state)}, following its logs (Ctrl-C stops)")
+                follower.feed(client.logs(args.job, restart=args.restart, rank=args.rank), final)
+                if new:
+                    with status.cleared():
+                        write("".join(new))
+                    new.clear()
+                if final:
+                    break
+                status.wait(args.interval)
+        print(f"({escape(args.job)} {escape(state)})", file=sys.stderr)
+        return 0
 
 
 def cmd_cancel(args: argparse.Namespace) -> int:

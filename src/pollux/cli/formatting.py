@@ -9,6 +9,10 @@ recolour or rewrite the terminal. Backslashes are left as they are. ``--json`` o
 control character escaped by the encoder). ``pollux logs`` prints a job's own output as it is when
 piped, and with the same escaping (tabs and newlines kept) on a terminal; ``--raw`` prints it as it
 is there too.
+
+Tables are drawn by :mod:`pollux.cli.terminal`: rich's tables on a terminal, plain aligned columns
+elsewhere. The functions building a command's text take ``terminal`` (default False, the plain form)
+from the command, which knows where its output goes.
 """
 
 from __future__ import annotations
@@ -17,6 +21,8 @@ import re
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
+
+from pollux.cli.terminal import render_table
 
 __all__ = ["JOB_STATES", "TERMINAL_STATES", "LogFollower", "alloc", "describe_text", "duration", "escape",
            "escape_lines", "escape_log", "goodput_text", "num", "runtime", "status_text", "table", "when"]
@@ -59,16 +65,20 @@ def escape_log(text: str) -> str:
     return _LOG_UNSAFE.sub(_visible, text)
 
 
-def table(headers: Sequence[str], rows: Sequence[Sequence[Any]], right: Sequence[int] = ()) -> str:
-    """Plain aligned columns, two spaces apart (cells escaped); columns in ``right`` are right-aligned."""
-    cells = [[escape(c) for c in headers], *[[escape(c) for c in row] for row in rows]]
-    widths = [max(len(row[i]) for row in cells) for i in range(len(headers))]
-    lines = []
-    for row in cells:
-        parts = [c.rjust(w) if i in right else c.ljust(w) for i, (c, w) in enumerate(zip(row, widths,
-                                                                                           strict=True))]
-        lines.append("  ".join(parts).rstrip())
-    return "\n".join(lines)
+def table(headers: Sequence[str], rows: Sequence[Sequence[Any]], right: Sequence[int] = (),
+          terminal: bool = False) -> str:
+    """A table of escaped cells (:func:`escape`); columns in ``right`` are right-aligned.
+
+    Plain aligned columns two spaces apart, or on a ``terminal`` rich's table
+    (:func:`pollux.cli.terminal.render_table`).
+    """
+    return render_table([escape(h) for h in headers], [[escape(c) for c in row] for row in rows], right,
+                        terminal)
+
+
+def _indented(text: str) -> list[str]:
+    """The lines of a table nested in a command's text, two spaces in."""
+    return ["  " + line for line in text.splitlines()]
 
 
 def duration(seconds: float | None) -> str:
@@ -110,7 +120,9 @@ def num(x: Any) -> str:
     return f"{x:g}" if isinstance(x, float) else str(x)
 
 
-def describe_text(job: dict[str, Any]) -> str:
+def describe_text(job: dict[str, Any], terminal: bool = False) -> str:
+    """``pollux describe``: state and times, spec, transitions, allocations, replicas, hints. The
+    ``tensorboard_dir`` field (where the job's TensorBoard events go) is shown when it is set."""
     now = time.time()
     spec = job["spec"]
     out = [f"{escape(job['id'])} ({escape(job['name'])})"]
@@ -131,6 +143,8 @@ def describe_text(job: dict[str, Any]) -> str:
         kv("gpu type", ", ".join(job["gpu_types"]))
     if job.get("failure_reason"):
         kv("failure", job["failure_reason"])
+    if job.get("tensorboard_dir") is not None:
+        out.append(f"  TensorBoard: {escape(job['tensorboard_dir'])}")
 
     out.append("spec")
     kv("entrypoint", spec["entrypoint"])
@@ -154,7 +168,7 @@ def describe_text(job: dict[str, Any]) -> str:
         out.append("transitions")
         rows = [[when(t["time"]), t["from_state"] or "-", t["to_state"], t["reason"] or ""]
                 for t in transitions]
-        out += ["  " + line for line in table(["TIME", "FROM", "TO", "REASON"], rows).splitlines()]
+        out += _indented(table(["TIME", "FROM", "TO", "REASON"], rows, terminal=terminal))
     types = job.get("node_types") or {}   # typed nodes only: an untyped cluster shows no TYPE column
     history = job.get("allocation_history") or []
     if history:
@@ -165,7 +179,7 @@ def describe_text(job: dict[str, Any]) -> str:
             headers.append("TYPE")
             for row, a in zip(rows, history, strict=True):
                 row.append(",".join(sorted({types[n] for n in a["allocation"] if n in types})) or "-")
-        out += ["  " + line for line in table(headers, rows, right=(1,)).splitlines()]
+        out += _indented(table(headers, rows, right=(1,), terminal=terminal))
     replicas = job.get("replicas") or []
     if replicas:
         out.append("replicas")
@@ -178,7 +192,7 @@ def describe_text(job: dict[str, Any]) -> str:
             for row, r in zip(rows, replicas, strict=True):
                 row.insert(3, types.get(r["node"], "-"))
         right = (0, 1, 4, 6) if types else (0, 1, 3, 5)
-        out += ["  " + line for line in table(headers, rows, right=right).splitlines()]
+        out += _indented(table(headers, rows, right=right, terminal=terminal))
     hints = job.get("hints")
     out.append("hints" + ("" if hints else "          (none received yet)"))
     if hints:
@@ -196,17 +210,17 @@ def describe_text(job: dict[str, Any]) -> str:
             kv("throughput", ", ".join(f"{k}={num(v)}" for k, v in tp.items()))
         balance = hints.get("balance")
         if isinstance(balance, dict):
-            out.extend("  " + line for line in balance_lines(balance))
+            out.extend("  " + line for line in balance_lines(balance, terminal))
     return "\n".join(out)
 
 
-def nodes_text(cluster: dict[str, Any]) -> str:
+def nodes_text(cluster: dict[str, Any], terminal: bool = False) -> str:
     """``pollux nodes``: one row per alive node (its GPU type, ``-`` if untyped), then GPUs per type."""
     nodes = cluster.get("nodes") or []
     if not nodes:
         return "no alive node with GPUs"
     rows = [[n.get("name"), n.get("gpu_type") or "-", n.get("gpus"), n.get("address") or "-"] for n in nodes]
-    out = [table(["NODE", "TYPE", "GPUS", "ADDRESS"], rows, right=(2,))]
+    out = [table(["NODE", "TYPE", "GPUS", "ADDRESS"], rows, right=(2,), terminal=terminal)]
     per: dict[str, int] = {}
     for n in nodes:
         key = n.get("gpu_type") or "untyped"
@@ -215,7 +229,7 @@ def nodes_text(cluster: dict[str, Any]) -> str:
     return "\n".join(out)
 
 
-def balance_lines(balance: dict[str, Any]) -> list[str]:
+def balance_lines(balance: dict[str, Any], terminal: bool = False) -> list[str]:
     """The LB-BSP part of a job's hints: mode, predicted step time, stragglers, and per rank its
     share and measured compute time (``describe``)."""
     shares = list(balance.get("shares") or [])
@@ -230,8 +244,7 @@ def balance_lines(balance: dict[str, Any]) -> list[str]:
                    "consider removing their nodes")
     rows = [[rank, share, f"{float(times[rank]):.3f}" if rank < len(times) else "-",
              "straggler" if rank in stragglers else ""] for rank, share in enumerate(shares)]
-    text = table(["RANK", "SHARE", "STEP S", ""], rows, right=(0, 1, 2))
-    out += ["  " + line for line in text.splitlines()]
+    out += _indented(table(["RANK", "SHARE", "STEP S", ""], rows, right=(0, 1, 2), terminal=terminal))
     return out
 
 
@@ -290,7 +303,11 @@ def status_text(st: dict[str, Any]) -> str:
     return "\n".join(out)
 
 
-def goodput_text(jobs: dict[str, Any], results: dict[str, dict[str, Any]]) -> str:
+#: Columns of the goodput walk-through, one row per GPU count: all numbers, so all right-aligned.
+GOODPUT_HEADERS = ("GPUs", "nodes", "batch M", "local m", "accum s", "efficiency", "goodput/s", "speedup")
+
+
+def goodput_text(jobs: dict[str, Any], results: dict[str, dict[str, Any]], terminal: bool = False) -> str:
     """``pollux goodput``: per example job and phase, the best batch per GPU count, and what it shows.
 
     ``jobs`` are the example jobs (:func:`pollux.goodput.examples.load_example_jobs`), ``results`` what
@@ -307,12 +324,11 @@ def goodput_text(jobs: dict[str, Any], results: dict[str, dict[str, Any]]) -> st
         for phase, res in phases.items():
             out.append(f"\n   {phase} in training (epoch {res['epoch']}, gradient noise scale "
                        f"{res['pgns']:.0f}):")
-            out.append(f"   {'GPUs':>5} {'nodes':>5} {'batch M':>8} {'local m':>8} {'accum s':>8} "
-                       f"{'efficiency':>10} {'goodput/s':>10} {'speedup':>8}")
-            for r in res["rows"]:
-                out.append(f"   {r['gpus']:>5} {r['nodes']:>5} {r['batch_size']:>8} {r['local_bsz']:>8} "
-                           f"{r['accum_steps']:>8} {r['efficiency']:>10.3f} {r['goodput']:>10.1f} "
-                           f"{r['speedup']:>7.2f}x")
+            rows = [[r["gpus"], r["nodes"], r["batch_size"], r["local_bsz"], r["accum_steps"],
+                     f"{r['efficiency']:.3f}", f"{r['goodput']:.1f}", f"{r['speedup']:.2f}x"]
+                    for r in res["rows"]]
+            text = table(GOODPUT_HEADERS, rows, right=range(len(GOODPUT_HEADERS)), terminal=terminal)
+            out += ["   " + line for line in text.splitlines()]
     out.append("\nEarly in training the true gradient is large next to its noise (a small noise scale):"
                "\nbig batches waste examples, so the best batch stays small and extra GPUs barely help."
                "\nLate in training the noise scale has grown, large batches are efficient and more GPUs"

@@ -3,7 +3,8 @@
 One point by default — a model, a lost fraction, a recovery, and optionally a partial checkpoint
 strategy and fraction — printed as one line (or JSON). ``--sweep`` runs every point of the thesis's
 figures for each model named (or ``all``), checks the issue's acceptance figures, and with
-``--plots DIR`` writes ``recovery.png`` and ``strategies.png``. Progress goes to stderr.
+``--plots DIR`` writes ``recovery.png`` and ``strategies.png``. Progress goes to stderr: a bar of
+trials done on a terminal (with each sweep point's line above it), plain lines elsewhere.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from typing import Any
 
 from pollux.cli.errors import CliError
 from pollux.cli.parser import _typed, command, nonnegative_int, positive_int
+from pollux.cli.terminal import ProgressBar
 
 
 def _parse_fraction(text: str) -> float:
@@ -98,17 +100,26 @@ def _experiment(args: argparse.Namespace) -> int:
         if not args.quiet:
             print(msg, file=sys.stderr, flush=True)
 
+    quiet = False if args.quiet else None       # None: a bar when stderr is a terminal
     try:
         if args.sweep:
-            return _sweep(args, names, say)
+            models = [make_model(n) for n in names]
+            total = sum(_sweep_points(m) for m in models) * args.trials
+            with ProgressBar("trials", total, sys.stderr, terminal=quiet) as bar:
+                sweeps = _sweep(args, models, say, bar)
+            return _report_sweeps(args, sweeps)     # once the bar is gone: stdout may be its screen
         fraction = args.fraction if args.fraction is not None else (1.0 if args.strategy == "full" else 0.125)
         rows = []
-        for name in names:
-            model = make_model(name)
-            res = run_trials(model, strategy=args.strategy, fraction=fraction, lost_fraction=args.lost,
-                             recovery=args.recovery, trials=args.trials, seed=args.seed, layout=args.layout)
-            rows.append(res.to_dict())
-            say(f"{name}: done")
+        with ProgressBar("trials", len(names) * args.trials, sys.stderr, terminal=quiet) as bar:
+            for name in names:
+                model = make_model(name)
+                res = run_trials(model, strategy=args.strategy, fraction=fraction, lost_fraction=args.lost,
+                                 recovery=args.recovery, trials=args.trials, seed=args.seed,
+                                 layout=args.layout)
+                rows.append(res.to_dict())
+                bar.advance(args.trials)
+                if not bar.shown:
+                    say(f"{name}: done")
     except ScarError as exc:
         raise CliError(str(exc), usage=True) from exc
     if args.json:
@@ -123,11 +134,35 @@ def _experiment(args: argparse.Namespace) -> int:
     return 0
 
 
-def _sweep(args: argparse.Namespace, names: list[str], say: Any) -> int:
-    from pollux.scar.rework.models.registry import make_model
+def _sweep_points(model: Any) -> int:
+    """The experiment points :func:`pollux.scar.rework.sweep.model_sweep` runs for ``model``: on its
+    first layout full recovery, partial recovery at each lost fraction and each partial strategy at
+    each fraction; on every other layout full and partial recovery and priority r = 1/8. (Only
+    sizes the progress bar: a wrong count makes a wrong ETA, never a wrong result.)"""
+    from pollux.scar.api import STRATEGIES
+    from pollux.scar.rework.sweep import FRACTIONS, LOST
+
+    partial_strategies = len([s for s in STRATEGIES if s != "full"])
+    first = 1 + len(LOST) + partial_strategies * len(FRACTIONS)
+    return first + (len(model.layouts) - 1) * (1 + len(LOST) + 1)
+
+
+def _sweep(args: argparse.Namespace, models: list[Any], say: Any, bar: ProgressBar) -> list[dict[str, Any]]:
+    """Every model's sweep; each point's line goes above the bar on a terminal, to ``say`` elsewhere."""
     from pollux.scar.rework.sweep import model_sweep
 
-    sweeps = [model_sweep(make_model(n), trials=args.trials, seed=args.seed, progress=say) for n in names]
+    def point_done(line: str) -> None:
+        bar.advance(args.trials)
+        if bar.shown:
+            bar.note(line)
+        else:
+            say(line)
+
+    return [model_sweep(m, trials=args.trials, seed=args.seed, progress=point_done) for m in models]
+
+
+def _report_sweeps(args: argparse.Namespace, sweeps: list[dict[str, Any]]) -> int:
+    """The plots (``--plots``) and the summary of the sweeps, as text or JSON."""
     paths = []
     if args.plots:
         from pollux.scar.rework.plots import write_plots

@@ -24,6 +24,7 @@ from pollux.cli.parser import (
     positive_float,
     positive_int,
 )
+from pollux.cli.terminal import ProgressBar, is_terminal
 
 GPU_COUNTS = (1, 2, 4, 8, 16, 32, 64)
 GPUS_PER_NODE = 4
@@ -69,7 +70,7 @@ def cmd_goodput(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(out))
     else:
-        print(goodput_text(jobs, out))
+        print(goodput_text(jobs, out, terminal=is_terminal(sys.stdout)))
     return 0
 
 
@@ -155,18 +156,22 @@ def cmd_simulate(args: argparse.Namespace) -> int:
              else f"{config.num_nodes} x {config.gpus_per_node} GPUs")
     print(f"simulating {len(workloads)} workload(s) x {len(policies)} policy(ies) "
           f"({len(specs)} runs) on {shape}{slow}, balancing {args.balance} ...", file=sys.stderr)
-    with stdout_to_stderr():                # a solver's C-level prints must not reach the report
-        results = run_many(specs, profiles_dir, processes=args.processes, progress=not args.quiet)
+    # On a terminal a bar counts the runs; elsewhere each run prints its plain progress lines.
+    bar = ProgressBar("runs", len(specs), sys.stderr, terminal=False if args.quiet else None, lazy=True)
+    with stdout_to_stderr(), bar:           # a solver's C-level prints must not reach the report
+        results = run_many(specs, profiles_dir, processes=args.processes,
+                           progress=not (args.quiet or bar.shown), runs_done=bar.update)
     total = config.make_cluster().total_gpus
     for res in results:
         if typed is not None:
             typed_finish_time_fairness(res, typed)
         else:
             finish_time_fairness(res, profiles, total)
-    print(format_table(results))
+    terminal = is_terminal(sys.stdout)
+    print(format_table(results, terminal))
     if typed is not None:
         print()
-        print(format_type_table(results))
+        print(format_type_table(results, terminal))
     if args.json:
         data = to_json(results)
         if typed is not None:

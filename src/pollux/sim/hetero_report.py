@@ -86,8 +86,9 @@ def typed_finish_time_fairness(result: SimResult, typed_profiles: dict[str, dict
     return result
 
 
-def format_type_table(results: Sequence[SimResult]) -> str:
-    """One row per (run, GPU type): capacity, GPU-hours, GPU-hours per job and utilisation."""
+def format_type_table(results: Sequence[SimResult], terminal: bool = False) -> str:
+    """One row per (run, GPU type): capacity, GPU-hours, GPU-hours per job and utilisation (drawn for
+    a terminal if ``terminal``: :func:`pollux.sim.table.render_rows`)."""
     rows = []
     for r in results:
         for t, s in type_summary(r).items():
@@ -96,7 +97,7 @@ def format_type_table(results: Sequence[SimResult]) -> str:
     if not rows:
         return ""
     header = ["workload", "policy", "type", "GPUs", "GPU-h", "GPU-h/job", "utilisation"]
-    return "\n".join(["Per GPU type", *render_rows(header, rows, left=3)])
+    return "\n".join(["Per GPU type", *render_rows(header, rows, left=3, terminal=terminal)])
 
 
 def add_type_json(data: dict[str, Any], results: Sequence[SimResult]) -> dict[str, Any]:

@@ -5,8 +5,8 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
-from collections.abc import Iterator, Sequence
-from concurrent.futures import ProcessPoolExecutor
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -69,14 +69,34 @@ def _worker(args: tuple[RunSpec, Path, bool]) -> SimResult:
 
 
 def run_many(specs: Sequence[RunSpec], profiles_dir: Path, processes: int | None = None,
-             progress: bool = True) -> list[SimResult]:
-    """Run every spec; results come back in the order of ``specs``."""
+             progress: bool = True, runs_done: Callable[[int], None] | None = None) -> list[SimResult]:
+    """Run every spec; results come back in the order of ``specs``.
+
+    ``progress``: each run prints its engine's progress lines on stderr. ``runs_done`` is told, in
+    this process, how many runs have finished: 0 once they have started (the worker processes exist
+    by then, so a progress display may start its own thread without it being copied into a child),
+    then again after each run, in the order they finish.
+    """
+    report = runs_done if runs_done is not None else _ignore
     if processes is None:
         processes = min(len(specs), os.cpu_count() or 1)
     if processes <= 1 or len(specs) == 1:
-        return [run_one(s, profiles_dir, progress) for s in specs]
+        results = []
+        report(0)
+        for s in specs:
+            results.append(run_one(s, profiles_dir, progress))
+            report(len(results))
+        return results
     with ProcessPoolExecutor(max_workers=processes) as pool:
-        return list(pool.map(_worker, [(s, profiles_dir, progress) for s in specs]))
+        futures = [pool.submit(_worker, (s, profiles_dir, progress)) for s in specs]
+        report(0)
+        for done, _future in enumerate(as_completed(futures), start=1):
+            report(done)
+        return [f.result() for f in futures]
+
+
+def _ignore(_done: int) -> None:
+    """The ``runs_done`` of a caller that does not count runs."""
 
 
 @contextlib.contextmanager
