@@ -295,3 +295,17 @@ def test_check_files_off_accepts_paths_the_service_cannot_see(store):
         assert c.post("/v1/jobs", json={"spec": spec}, headers=auth(ADMIN)).status_code == 201
         r = c.post("/v1/jobs", json={"spec": {**spec, "init_batch_size": 0}}, headers=auth(ADMIN))
         assert r.status_code == 422 and r.json()["field"] == "spec.init_batch_size"
+
+
+def test_describe_names_where_the_job_s_tensorboard_files_go(store, tmp_path):
+    """With the service's state folder, a job's detail names its TensorBoard folder (the one the
+    launcher gives its replicas as POLLUX_TENSORBOARD_DIR); without one, null."""
+    from pollux.cluster.backends.launcher import TENSORBOARD_FOLDER
+
+    job = store.submit(SPEC)
+    with TestClient(create_app(store, ADMIN, state_dir=tmp_path, check_files=False)) as client:
+        detail = client.get(f"/v1/jobs/{job.id}", headers=auth(ADMIN)).json()
+    assert detail["tensorboard_dir"] == str(tmp_path / TENSORBOARD_FOLDER / job.id)
+    with TestClient(create_app(store, ADMIN, check_files=False)) as client:
+        assert client.get(f"/v1/jobs/{job.id}", headers=auth(ADMIN)).json()["tensorboard_dir"] is None
+

@@ -6,6 +6,7 @@ Runs alone, under torchrun, or under the Pollux scheduler (which sets the POLLUX
     .venv/bin/python examples/digits/train.py
     .venv/bin/torchrun --nproc_per_node=2 examples/digits/train.py
     POLLUX_CHECKPOINT_DIR=/tmp/digits-ckpt .venv/bin/python examples/digits/train.py
+    .venv/bin/python examples/digits/train.py --tensorboard-dir runs/digits    # tensorboard --logdir runs
 
 The data are the 1797 8×8 images bundled with scikit-learn (no download), split once into a fixed
 training set (75 %) and test set (25 %). The batch size starts at ``--batch-size`` (M0) and Pollux
@@ -201,6 +202,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--width", type=int, default=1, metavar="W",
                    help="multiply the network's convolution channels by W (default 1; 4 makes compute "
                         "dominate the step, for the --slow-rank demonstration of --balance)")
+    p.add_argument("--tensorboard-dir", default=None, metavar="DIR",
+                   help="write the agent's scalars (progress, gain, PGNS, batch size, step times, ...) as "
+                        "TensorBoard event files in DIR (default: $POLLUX_TENSORBOARD_DIR if set, else none)")
     p.add_argument("--json-epochs", action="store_true",
                    help='also print one JSON line per epoch on stdout ({"event": "epoch", ...}, rank 0)')
     args = p.parse_args(argv)
@@ -219,7 +223,8 @@ def main(argv: list[str] | None = None) -> int:
         os.environ[REFIT_ENV] = str(args.refit_interval)
     else:
         os.environ.setdefault(REFIT_ENV, "5")
-    ptorch.init_process_group("gloo")     # alone, under torchrun, or as the scheduler's replicas
+    # Alone, under torchrun, or as the scheduler's replicas (which set POLLUX_TENSORBOARD_DIR themselves).
+    ptorch.init_process_group("gloo", tensorboard_dir=args.tensorboard_dir)
     rank, replicas = dist.get_rank(), dist.get_world_size()
     torch.manual_seed(args.seed)          # the same initial weights on every replica
     train_set, x_test, y_test = load_data()

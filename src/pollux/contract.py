@@ -39,6 +39,8 @@ ENV_MASTER_ADDR = "POLLUX_MASTER_ADDR"
 ENV_MASTER_PORT = "POLLUX_MASTER_PORT"
 #: Folder the agent checkpoints into and restores from.
 ENV_CHECKPOINT_DIR = "POLLUX_CHECKPOINT_DIR"
+#: Folder where rank 0 of the agent writes its scalars as TensorBoard event files (unset: none).
+ENV_TENSORBOARD_DIR = "POLLUX_TENSORBOARD_DIR"
 #: How many times the job has been (re)started before this launch (0 on the first).
 ENV_RESTARTS = "POLLUX_RESTARTS"
 #: Base URL of the service's REST API, where the agent sends hints.
@@ -61,8 +63,8 @@ ENV_RAY_ADDRESS = "POLLUX_RAY_ADDRESS"
 #: Every variable of the contract, in the order the docs list them.
 POLLUX_VARS: tuple[str, ...] = (
     ENV_JOB_ID, ENV_RANK, ENV_NUM_REPLICAS, ENV_NODE_RANK, ENV_NUM_NODES, ENV_MASTER_ADDR,
-    ENV_MASTER_PORT, ENV_CHECKPOINT_DIR, ENV_RESTARTS, ENV_SCHEDULER_URL, ENV_JOB_TOKEN, ENV_BALANCE,
-    ENV_GPU_TYPE, ENV_RAY_ADDRESS,
+    ENV_MASTER_PORT, ENV_CHECKPOINT_DIR, ENV_TENSORBOARD_DIR, ENV_RESTARTS, ENV_SCHEDULER_URL,
+    ENV_JOB_TOKEN, ENV_BALANCE, ENV_GPU_TYPE, ENV_RAY_ADDRESS,
 )
 
 # --------------------------------------------------------------------------------------------

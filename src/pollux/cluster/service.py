@@ -265,7 +265,8 @@ def _serve(args: argparse.Namespace, state: Path) -> int:
 
     app = create_app(store, token, log_dir=config.log_dir, on_change=controller.request_round,
                      cluster_info=cluster_info, node_types=node_types,
-                     node_resources=lambda: [dict(n.resources) for n in controller.nodes])
+                     node_resources=lambda: [dict(n.resources) for n in controller.nodes],
+                     state_dir=config.state_dir)
     server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False))
     api = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, name="api", daemon=True)
     api.start()

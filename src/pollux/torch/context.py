@@ -39,6 +39,7 @@ from pollux.torch.oom import is_oom
 from pollux.torch.profiling import PeriodicFitter, StepProfiler
 from pollux.torch.reporting import HintReporter
 from pollux.torch.shares import BalanceReport
+from pollux.torch.tensorboard import ScalarLog, with_tensorboard_dir
 
 logger = logging.getLogger("pollux.torch")
 
@@ -130,6 +131,7 @@ class AgentContext:
         #: Profiles of the other GPU types the job has run on: {type: {"profiler": state, "fit": params}}.
         self.other_types: dict[str, dict[str, Any]] = {}
         self.reporter = HintReporter(env.scheduler_url, env.job_id, env.job_token)
+        self.scalar_log = ScalarLog(env.tensorboard_dir, writer=self.rank == 0)   # TensorBoard, rank 0
         self.epoch_state = EpochState()
         self.registry.register("pollux_epoch", self.epoch_state)
         self.registry.register("pollux_profile", _ProfileState(self))
@@ -271,6 +273,7 @@ class AgentContext:
                 pass
             self._handler_installed = False
         self.reporter.close(flush=True, timeout=2.0)
+        self.scalar_log.close()
 
     def fault_point(self, moment: str) -> None:
         """Fault injection (tests): send this process SIGTERM at the configured passage of ``moment``."""
@@ -415,18 +418,20 @@ def get_context() -> AgentContext:
     return _CONTEXT
 
 
-def init_process_group(backend: str | None = None, *, timeout: datetime.timedelta | None = None) -> AgentEnv:
+def init_process_group(backend: str | None = None, *, timeout: datetime.timedelta | None = None,
+                       tensorboard_dir: str | os.PathLike[str] | None = None) -> AgentEnv:
     """Join the job's process group as the environment describes it (SPEC §8).
 
     ``backend`` is ``"gloo"`` or ``"nccl"`` (default: nccl when CUDA is available, else gloo). With
     several replicas the rendezvous is ``tcp://MASTER_ADDR:MASTER_PORT`` (POLLUX_* first). A single
     process gets a world of one over an in-memory store (no port). An already initialised default
     process group is used as it is. Returns the parsed environment; calling it again is a no-op.
+    ``tensorboard_dir`` (else ``POLLUX_TENSORBOARD_DIR``): rank 0 writes the agent's scalars there.
     """
     global _CONTEXT, _ATEXIT_REGISTERED
     if _CONTEXT is not None:
         return _CONTEXT.env
-    env = read_env()
+    env = with_tensorboard_dir(read_env(), tensorboard_dir)
     owns = False
     if not dist.is_initialized():
         if backend is None:

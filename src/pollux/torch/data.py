@@ -46,6 +46,7 @@ from pollux.torch.loader_state import LoaderCheckpoint
 from pollux.torch.microbatch import PlanBatchSampler, probe_due, record_times, split_batch
 from pollux.torch.sampler import ElasticSampler
 from pollux.torch.shares import LoaderBalance, StepTimer, env_mode, memory_full
+from pollux.torch.tensorboard import log_step
 from pollux.torch.tuner import BatchTuner
 
 logger = logging.getLogger("pollux.torch")
@@ -328,6 +329,8 @@ class AdaptiveDataLoader:
                 self.sampler.position = plan.start + plan.advance
                 if plan.full and info.stepped:
                     self._record_times(ctx, info, cfg, times)
+            if info.stepped:
+                log_step(ctx, sum(times))       # TensorBoard: one point per optimiser step (rank 0)
             if timer is not None:
                 used = (plan.shares or (m,) * k) if plan.full and info.stepped and not outcome.oom else None
                 self._balance.after_step(cfg, used, timer.total, outcome.step_times, self.min_local_bsz,

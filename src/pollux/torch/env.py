@@ -28,6 +28,7 @@ from pollux.contract import (
     ENV_RANK,
     ENV_RESTARTS,
     ENV_SCHEDULER_URL,
+    ENV_TENSORBOARD_DIR,
     POLLUX_VARS,
 )
 
@@ -65,6 +66,8 @@ class AgentEnv:
     source: str = "single"
     #: The GPU type of this replica's node (``POLLUX_GPU_TYPE``; None on an untyped cluster).
     gpu_type: str | None = None
+    #: Where rank 0 writes the agent's TensorBoard scalars (``POLLUX_TENSORBOARD_DIR``; None: nowhere).
+    tensorboard_dir: str | None = None
 
     @property
     def distributed(self) -> bool:
@@ -186,4 +189,5 @@ def read_env(environ: Mapping[str, str] | None = None) -> AgentEnv:
         job_token=_get(env, ENV_JOB_TOKEN),
         source=source,
         gpu_type=_get(env, ENV_GPU_TYPE),
+        tensorboard_dir=_get(env, ENV_TENSORBOARD_DIR),
     )

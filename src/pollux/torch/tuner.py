@@ -25,6 +25,7 @@ from pollux.torch.api import BatchConfig
 from pollux.torch.context import AgentContext
 from pollux.torch.decisions import DecisionRecord
 from pollux.torch.shares import BalanceReport
+from pollux.torch.tensorboard import log_decision
 
 logger = logging.getLogger("pollux.torch")
 
@@ -179,6 +180,7 @@ class BatchTuner:
         self.config_key = self.limits_key()
         if old is not None and old != self.config:
             ctx.fault_point("change")
+        log_decision(ctx, self.config)      # TensorBoard: one point per decision (rank 0)
 
     # ---------------------------------------------------------------- decisions (rank 0)
 

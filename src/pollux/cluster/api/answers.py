@@ -8,15 +8,17 @@ import json
 import math
 import re
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 from fastapi.responses import JSONResponse
 
 from pollux.cluster.backends.gputypes import job_gpu_types
+from pollux.cluster.backends.launcher import TENSORBOARD_FOLDER
 from pollux.cluster.state.records import JobRecord, ReplicaRecord, ResizeRecord, TransitionRecord, UserRecord
 
-__all__ = ["SafeJSONResponse", "allocation_dict", "job_dict", "replica_dict", "sanitise", "transition_dict",
-           "user_dict"]
+__all__ = ["SafeJSONResponse", "allocation_dict", "job_dict", "replica_dict", "sanitise", "tensorboard_dir",
+           "transition_dict", "user_dict"]
 
 _SURROGATE = re.compile("[\ud800-\udfff]")
 
@@ -86,3 +88,12 @@ def user_dict(user: UserRecord, *, token: bool = False) -> dict[str, Any]:
     if token:
         out["token"] = user.token
     return out
+
+
+def tensorboard_dir(state_dir: Path | None, job_id: str) -> str | None:
+    """The job detail's ``tensorboard_dir``: where the job's replicas write TensorBoard event files
+    (``POLLUX_TENSORBOARD_DIR``, set by the launcher beside the job's checkpoint folder), whether or
+    not any were written yet; None when the answer is made without the service's state folder."""
+    if state_dir is None:
+        return None
+    return str(Path(state_dir) / TENSORBOARD_FOLDER / job_id)

@@ -77,6 +77,7 @@ from pollux.cluster.api.answers import (
     allocation_dict,
     job_dict,
     replica_dict,
+    tensorboard_dir,
     transition_dict,
     user_dict,
 )
@@ -126,7 +127,7 @@ def create_app(store: JobStore, admin_token: str, *, log_dir: Path | None = None
                cluster_info: Callable[[], dict[str, Any]] | None = None,
                node_resources: Callable[[], list[dict[str, float]]] | None = None,
                node_types: Callable[[], Mapping[str, str]] | None = None,
-               check_files: bool = True) -> FastAPI:
+               check_files: bool = True, state_dir: Path | None = None) -> FastAPI:
     """The service's FastAPI application over ``store``; see the module docstring.
 
     ``admin_token`` authorises every user endpoint. ``log_dir``, if given, is where relative replica
@@ -139,7 +140,8 @@ def create_app(store: JobStore, admin_token: str, *, log_dir: Path | None = None
     (:meth:`JobSpec.check_files`); turn it off only where the service does not see the replicas'
     file system. ``node_types``, if given, returns ``{node: GPU type}`` of the typed nodes the
     service knows: each job then lists the ``gpu_types`` of its allocation's nodes, and a job's detail
-    the type of every node it was allocated or ran on (``node_types``).
+    the type of every node it was allocated or ran on (``node_types``). ``state_dir``, the service's
+    state folder, lets a job's detail name where its TensorBoard event files go (``tensorboard_dir``).
     """
     if not isinstance(admin_token, str) or not admin_token:
         raise ValueError("admin_token: expected a non-empty string")
@@ -290,6 +292,7 @@ def create_app(store: JobStore, admin_token: str, *, log_dir: Path | None = None
         out["hints"] = store.get_hints(job_id)
         used = {*out["allocation"], *(n for a in history for n in a.allocation), *(r.node for r in replicas)}
         out["node_types"] = {n: known[n] for n in sorted(used) if n in known}
+        out["tensorboard_dir"] = tensorboard_dir(state_dir, job_id)
         return SafeJSONResponse(out)
 
     @app.post("/v1/jobs/{job_id}/cancel", dependencies=[only_query()], response_model=None,

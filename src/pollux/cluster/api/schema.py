@@ -215,6 +215,8 @@ COMPONENTS: dict[str, Any] = {
         "hints": _nullable(_ref("Hints")),
         "node_types": {"type": "object", "additionalProperties": {"type": "string"},
                        "description": "GPU type of each typed node the job was allocated or ran on."},
+        "tensorboard_dir": {**_nullable({"type": "string"}), "description": "Where the job's replicas write "
+                            "TensorBoard event files (POLLUX_TENSORBOARD_DIR); null without a state folder."},
     }, "A job with its allocation history, state transitions, replicas and latest hints."),
     "Cluster": {"type": "object", "description": "The cluster as the service sees it: nodes and GPU "
                 "slots, policy, scheduling interval, rounds run (more fields may be added).",

@@ -16,6 +16,9 @@
   and start results each tick without waiting for them.
 * :func:`prepare_run_as` and :func:`prepare_checkpoint_dir` set up the state folder when replicas
   run as another OS user (see ``docs/cluster.md``, trust model).
+* :func:`job_tensorboard_dir` is where a job's replicas write TensorBoard event files
+  (``POLLUX_TENSORBOARD_DIR``): beside its checkpoint folder, ``tensorboard/<job>`` of the state
+  folder, set up with the same owner and modes.
 """
 
 from __future__ import annotations
@@ -35,18 +38,23 @@ from pollux.cluster.backends.gputypes import with_type_resources
 from pollux.cluster.state.spec import JobSpec
 from pollux.contract import (
     ENV_BALANCE,
+    ENV_CHECKPOINT_DIR,
     ENV_NODE_RANK,
     ENV_NUM_NODES,
     ENV_NUM_REPLICAS,
     ENV_RANK,
+    ENV_TENSORBOARD_DIR,
 )
 
-__all__ = ["Launch", "LaunchError", "backoff_s", "build_launches", "busy_reason", "gpus_per_replica",
-           "launch_usage", "lookup_user", "never_fits", "prepare_checkpoint_dir", "prepare_run_as",
-           "rank_nodes", "replica_command", "replicas_of", "usage_of"]
+__all__ = ["TENSORBOARD_FOLDER", "Launch", "LaunchError", "backoff_s", "build_launches", "busy_reason",
+           "gpus_per_replica", "job_tensorboard_dir", "launch_usage", "lookup_user", "never_fits",
+           "prepare_checkpoint_dir", "prepare_run_as", "rank_nodes", "replica_command", "replicas_of",
+           "usage_of"]
 
 #: Slack when comparing float resource amounts.
 _EPS = 1e-9
+#: The state folder's folder of per-job TensorBoard folders, beside ``checkpoints/``.
+TENSORBOARD_FOLDER = "tensorboard"
 
 Usage = dict[str, dict[str, float]]
 
@@ -115,8 +123,13 @@ def build_launches(spec: JobSpec, placement: Mapping[str, int], *, command: list
 
     A spec whose ``balance`` is not ``"off"`` sets ``POLLUX_BALANCE`` (the agent's default balance
     mode) in every replica's environment; an off one leaves it unset, as before the field existed.
+    A ``base_env`` with a checkpoint folder gets ``POLLUX_TENSORBOARD_DIR`` beside it
+    (:func:`job_tensorboard_dir`) unless it names one already.
     """
     per = gpus_per_replica(spec)
+    if ENV_CHECKPOINT_DIR in base_env and ENV_TENSORBOARD_DIR not in base_env:
+        base_env = {**base_env,
+                    ENV_TENSORBOARD_DIR: str(job_tensorboard_dir(Path(base_env[ENV_CHECKPOINT_DIR])))}
     if spec.kind == "elastic":
         return _elastic_launch(spec, placement, command=command, base_env=base_env, log_root=log_root,
                                user=user)
@@ -241,10 +254,10 @@ def prepare_run_as(state_dir: Path, user: str) -> None:
     """Check that replicas can run as ``user`` and close the state folder to them.
 
     The service must run as root (or as that user). The state folder becomes mode 0711: the user may
-    pass through it to ``checkpoints/`` (also 0711: no listing of other jobs) but not list it, and
-    every other entry of the folder (the admin token, the job store, the logs, ...) loses all group
-    and other permissions. Every folder above the state folder must be searchable by the user, or
-    its checkpoints could not be reached: ValueError says which is not.
+    pass through it to ``checkpoints/`` and ``tensorboard/`` (also 0711: no listing of other jobs) but
+    not list it, and every other entry of the folder (the admin token, the job store, the logs, ...)
+    loses all group and other permissions. Every folder above the state folder must be searchable by
+    the user, or its checkpoints could not be reached: ValueError says which is not.
     """
     account = lookup_user(user)
     if os.geteuid() != 0 and account.pw_uid != os.geteuid():
@@ -252,6 +265,7 @@ def prepare_run_as(state_dir: Path, user: str) -> None:
                          f"(it runs as uid {os.geteuid()})")
     state = Path(state_dir).resolve()
     (state / "checkpoints").mkdir(parents=True, exist_ok=True)
+    (state / TENSORBOARD_FOLDER).mkdir(parents=True, exist_ok=True)
     (state / "logs").mkdir(parents=True, exist_ok=True)
     for parent in reversed(state.parents):
         if not _searchable_by(parent, account):
@@ -260,18 +274,36 @@ def prepare_run_as(state_dir: Path, user: str) -> None:
                              f"--state-dir under a folder others may pass through")
     os.chmod(state, 0o711)
     for entry in state.iterdir():
-        if entry.name == "checkpoints" or entry.is_symlink():
+        if entry.name in ("checkpoints", TENSORBOARD_FOLDER) or entry.is_symlink():
             continue
         os.chmod(entry, stat.S_IMODE(entry.stat().st_mode) & 0o700)
     os.chmod(state / "checkpoints", 0o711)
+    os.chmod(state / TENSORBOARD_FOLDER, 0o711)
+
+
+def job_tensorboard_dir(checkpoint_dir: Path) -> Path:
+    """The TensorBoard folder of the job whose checkpoint folder is ``checkpoint_dir``, beside it:
+    ``<state>/checkpoints/<job>`` → ``<state>/tensorboard/<job>``."""
+    return checkpoint_dir.parent.parent / TENSORBOARD_FOLDER / checkpoint_dir.name
 
 
 def prepare_checkpoint_dir(path: Path, user: str | None) -> None:
-    """Create a job's checkpoint folder; with ``user``, owned by that user (and group), mode 0700.
+    """Create a job's checkpoint folder and its TensorBoard folder beside it (:func:`job_tensorboard_dir`).
 
-    A folder that an earlier run left owned by someone else is handed over with its contents, never
+    With ``user``, both are owned by that user (and group), mode 0700, in a ``tensorboard/`` of mode
+    0711 as ``checkpoints/`` is (without, ``tensorboard/`` is 0700, as ``checkpoints/`` is then). A
+    folder that an earlier run left owned by someone else is handed over with its contents, never
     following symbolic links; one the user owns already is left alone (its contents are the job's).
     """
+    board = job_tensorboard_dir(path)
+    board.parent.mkdir(parents=True, exist_ok=True)
+    os.chmod(board.parent, 0o711 if user is not None else 0o700)
+    _prepare_job_dir(path, user)
+    _prepare_job_dir(board, user)
+
+
+def _prepare_job_dir(path: Path, user: str | None) -> None:
+    """One folder of a job: created; with ``user``, handed to that user (see prepare_checkpoint_dir)."""
     path.mkdir(parents=True, exist_ok=True)
     if user is None:
         return
