@@ -91,3 +91,25 @@ def test_ended_jobs_series_go_after_the_retention(served):
     store.transition(old.id, "cancelled", now=now - RETAIN_S - 60)
     running = store.submit(SPEC, now=now - 5000)
     assert set(job_values(scrape(url, ADMIN), "pollux_job_gpus")) == {recent.id, running.id}
+
+
+def test_the_grafana_dashboard_queries_only_series_the_service_exposes(served):
+    """Every ``pollux_*`` name in the dashboard's queries is in a real scrape (histogram parts too)."""
+    import json
+    import re
+    from pathlib import Path
+
+    store, url = served
+    job = store.submit(SPEC, now=1.0)
+    store.put_hints(job.id, sample_hints(64))
+    res = schedule_once(store, Cluster.uniform(2, 2), make_policy("pollux"), 5.0, np.random.default_rng(0))
+    store.apply_round(res.policy, res.policy_state, res.changed, now=5.0, outlook=res.outlook.values(),
+                      duration_s=0.01, jobs=res.num_jobs)
+    scrape(url, ADMIN)     # a first request, so that the API-latency histogram has a child to show
+    exposed = {name for name, _ in samples(scrape(url, ADMIN))}
+    dashboard = json.loads((Path(__file__).resolve().parents[1] / "docs" / "grafana" /
+                            "pollux-dashboard.json").read_text())
+    queries = [t["expr"] for p in dashboard["panels"] for t in p["targets"]]
+    queries += [v["query"] for v in dashboard["templating"]["list"] if v["type"] == "query"]
+    used = {name for q in queries for name in re.findall(r"pollux_[a-z_]+", q)}
+    assert len(used) >= 15 and used <= exposed, sorted(used - exposed)

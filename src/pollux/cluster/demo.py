@@ -161,11 +161,16 @@ def run(state_dir: Path, *, nodes: int, gpus_per_node: int, interval_s: float, p
     return summary
 
 
-def _submit(client: PolluxClient, job: DemoJob, script: Path) -> str:
-    spec = {"entrypoint": str(script), "working_dir": str(script.parent),
+def demo_spec(job: DemoJob, script: Path) -> dict[str, Any]:
+    """The spec the demo submits for ``job`` (the digits example at ``script``); the Prometheus test
+    submits the same workload."""
+    return {"entrypoint": str(script), "working_dir": str(script.parent),
             "args": ["--epochs", str(job.epochs), "--batch-size", str(job.batch_size), "--json-epochs"],
             "init_batch_size": job.batch_size, "max_batch_size": 512, "local_bsz_bounds": [8, 256]}
-    return str(client.submit(spec, name=job.name)["id"])
+
+
+def _submit(client: PolluxClient, job: DemoJob, script: Path) -> str:
+    return str(client.submit(demo_spec(job, script), name=job.name)["id"])
 
 
 def _view(client: PolluxClient, job: DemoJob, listed: dict[str, Any], before: JobView | None) -> JobView:
