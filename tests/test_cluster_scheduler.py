@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import time
 
 import numpy as np
@@ -392,3 +393,27 @@ def test_a_round_writes_itself_and_what_it_expects_of_each_job(store):
     assert written.changed == len(res.changed)
     assert store.outlooks() == res.outlook
     assert store.outlooks(["j001"]) == {"j001": other}
+
+
+def test_a_round_recomputes_the_outlook_only_of_jobs_whose_hints_or_allocation_changed(store, monkeypatch):
+    from pollux.cluster.control import outlook as outlook_module
+
+    submit(store, 3)
+    for j in ("j000", "j001", "j002"):
+        store.put_hints(j, hints())
+    sched = Scheduler(store, policy_name="pollux")
+    first = sched.decide(10.0, CLUSTER)
+    store.apply_round(first.policy, first.policy_state, first.changed, now=10.0)
+    computed: list[str] = []
+    real = outlook_module._outlook
+    monkeypatch.setattr(outlook_module, "_outlook", lambda v, r, t: computed.append(v.id) or real(v, r, t))
+    second = sched.decide(20.0, CLUSTER)
+    unchanged = {j for j in ("j000", "j001", "j002") if j not in second.changed}
+    assert set(computed) == set(second.changed) and unchanged
+    for j in unchanged:
+        assert second.outlook[j] == dataclasses.replace(first.outlook[j], time=20.0)
+    store.put_hints("j001", hints(seen=8))
+    computed.clear()
+    third = sched.decide(30.0, CLUSTER)
+    assert "j001" in computed and set(computed) == set(third.changed) | {"j001"}
+

@@ -6,6 +6,7 @@ job runs with once it has adapted. Shown in ``/metrics`` and the web view; the p
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping, Sequence
 
 import numpy as np
@@ -13,7 +14,7 @@ import numpy as np
 from pollux.cluster.state.records import JobOutlook
 from pollux.policy.base import Allocation, JobView
 
-__all__ = ["round_outlook"]
+__all__ = ["OutlookCache"]
 
 
 def _outlook(view: JobView, row: Mapping[str, int], now: float) -> JobOutlook:
@@ -34,6 +35,28 @@ def _outlook(view: JobView, row: Mapping[str, int], now: float) -> JobOutlook:
     )
 
 
-def round_outlook(views: Sequence[JobView], allocation: Allocation, now: float) -> dict[str, JobOutlook]:
-    """Each scheduled job's outlook on its new allocation (no GPUs: only the zero counts)."""
-    return {v.id: _outlook(v, allocation.get(v.id, {}), now) for v in views}
+class OutlookCache:
+    """The last round's outlooks, by job, with what each was computed from (the job's hints and the
+    cluster — the scheduler's fingerprint — and its allocation). A round recomputes only the jobs
+    whose hints or allocation changed, so its time does not grow with the jobs that just run on."""
+
+    def __init__(self) -> None:
+        self._entries: dict[str, tuple[tuple[str, tuple[tuple[str, int], ...]], JobOutlook]] = {}
+
+    def round(self, views: Sequence[JobView], allocation: Allocation, now: float,
+              prints: Mapping[str, str]) -> dict[str, JobOutlook]:
+        """Each job's outlook on its new allocation, from the cache where nothing changed."""
+        entries = {}
+        out: dict[str, JobOutlook] = {}
+        for view in views:
+            row = allocation.get(view.id, {})
+            key = (prints.get(view.id, ""), tuple(sorted(row.items())))
+            cached = self._entries.get(view.id)
+            if cached is not None and cached[0] == key:
+                outlook = dataclasses.replace(cached[1], time=now)
+            else:
+                outlook = _outlook(view, row, now)
+            entries[view.id] = (key, outlook)
+            out[view.id] = outlook
+        self._entries = entries
+        return out

@@ -32,7 +32,7 @@ from typing import Any
 import numpy as np
 
 from pollux.cluster.backends.launcher import gpus_per_replica
-from pollux.cluster.control.outlook import round_outlook
+from pollux.cluster.control.outlook import OutlookCache
 from pollux.cluster.state.lifecycle import SCHEDULED_STATES
 from pollux.cluster.state.records import JobOutlook
 from pollux.cluster.state.store import JobRecord, JobStore
@@ -238,10 +238,12 @@ def _type_aware(policy: Policy) -> bool:
 
 
 def schedule_once(store: JobStore, cluster: Cluster, policy: Policy, now: float,
-                  rng: np.random.Generator, isolation: _Isolation | None = None) -> RoundResult:
+                  rng: np.random.Generator, isolation: _Isolation | None = None,
+                  outlooks: OutlookCache | None = None) -> RoundResult:
     """Run one scheduling round on ``cluster``; reads the store, writes nothing.
 
-    A job whose view cannot be built or that makes the policy raise on its own is scheduled without
+    ``outlooks`` keeps the jobs' outlooks between rounds (only changed jobs are recomputed). A job
+    whose view cannot be built or that makes the policy raise on its own is scheduled without
     its hints or left out (``RoundResult.excluded``); ``isolation`` remembers such jobs between rounds.
     """
     start = time.perf_counter()
@@ -269,7 +271,7 @@ def schedule_once(store: JobStore, cluster: Cluster, policy: Policy, now: float,
     changed = {jid: allocation.get(jid, {}) for jid in sorted(ids)
                if allocation.get(jid, {}) != previous.get(jid, {})}
     duration_s = time.perf_counter() - start
-    outlook = round_outlook(views, allocation, now)
+    outlook = (OutlookCache() if outlooks is None else outlooks).round(views, allocation, now, prints)
     return RoundResult(now=float(now), policy=policy.name, allocation=allocation, changed=changed,
                        previous=previous, duration_s=duration_s, num_jobs=len(jobs),
                        excluded=excluded, policy_state=new_state, outlook=outlook)
@@ -291,6 +293,7 @@ class Scheduler:
         self.rng = np.random.default_rng(self.seed)
         self.last_result: RoundResult | None = None
         self._isolation = _Isolation()
+        self._outlooks = OutlookCache()
 
     @property
     def policy_name(self) -> str:
@@ -298,6 +301,7 @@ class Scheduler:
 
     def decide(self, now: float, cluster: Cluster) -> RoundResult:
         """One round on ``cluster`` at ``now``; writes nothing (see :func:`schedule_once`)."""
-        result = schedule_once(self.store, cluster, self.policy, now, self.rng, self._isolation)
+        result = schedule_once(self.store, cluster, self.policy, now, self.rng, self._isolation,
+                               self._outlooks)
         self.last_result = result
         return result
