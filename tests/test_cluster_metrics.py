@@ -113,3 +113,18 @@ def test_the_grafana_dashboard_queries_only_series_the_service_exposes(served):
     queries += [v["query"] for v in dashboard["templating"]["list"] if v["type"] == "query"]
     used = {name for q in queries for name in re.findall(r"pollux_[a-z_]+", q)}
     assert len(used) >= 15 and used <= exposed, sorted(used - exposed)
+
+
+def test_label_values_are_escaped_in_the_text_format(tmp_path):
+    """The per-job lines are written here, not by prometheus_client: a GPU type with a quote, a
+    backslash and a newline still parses back to itself."""
+    odd = 'a"b\\c\nd'
+    with JobStore(tmp_path / "jobs.db") as store:
+        job = store.submit(SPEC)
+        store.transition(job.id, "starting")
+        store.set_allocation(job.id, {"node-0": 1})
+        app = create_app(store, ADMIN, check_files=False, node_types=lambda: {"node-0": odd})
+        with serve_on_loopback(app) as url:
+            text = scrape(url, ADMIN)
+    (labels,) = [dict(k) for (n, k), _ in samples(text).items() if n == "pollux_job_gpus"]
+    assert labels == {"job": job.id, "user": "admin", "kind": "restart", "gpu_type": odd}

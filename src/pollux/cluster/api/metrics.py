@@ -31,6 +31,7 @@ from prometheus_client import (
 )
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
+from prometheus_client.utils import floatToGoString
 
 from pollux.cluster.backends.gputypes import job_gpu_types
 from pollux.cluster.state.round_table import JobSeriesRow
@@ -55,8 +56,19 @@ OUTLOOK_GAUGES = (
 _LABELS = ["job", "user", "kind", "gpu_type"]
 
 
-class JobSeries(Collector):
-    """The per-job series of one scrape (all jobs, or one user's), read in one query."""
+def _escape_value(text: str) -> str:
+    """A label value in the text format: backslash, double quote and newline escaped."""
+    return text.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
+
+
+class JobSeries:
+    """The per-job series of one scrape (all jobs, or one user's), read in one query.
+
+    Written in the text format here rather than through ``prometheus_client``'s generic writer, which
+    checks and escapes every label name of every sample: about 0.1 ms a sample, so 0.3 s for the
+    3,000 samples of 500 active jobs. Here the label names are fixed and valid, the values are
+    escaped once per job, and the numbers are formatted by ``prometheus_client``'s own function.
+    """
 
     def __init__(self, store: JobStore, owner: str | None, now: float,
                  node_types: Mapping[str, str]) -> None:
@@ -65,32 +77,31 @@ class JobSeries(Collector):
         self._now = now
         self._types = node_types
 
-    def _labels(self, row: JobSeriesRow) -> list[str]:
+    def _labels(self, row: JobSeriesRow) -> str:
         gpu_types = ",".join(job_gpu_types(row.allocation, self._types))
-        return [row.job_id, row.owner or "admin", row.kind, gpu_types]
+        values = [row.job_id, row.owner or "admin", row.kind, gpu_types]
+        return ",".join(f'{name}="{_escape_value(v)}"' for name, v in zip(_LABELS, values, strict=True))
 
-    def collect(self) -> Iterator[Metric]:
+    def text(self) -> bytes:
+        """The families, each with its HELP and TYPE lines, then one line per job that has a value."""
         rows = self._store.job_series(self._now - RETAIN_S, owner=self._owner)
-        gpus = GaugeMetricFamily("pollux_job_gpus", "GPUs allocated to the job.", labels=_LABELS)
-        restarts = GaugeMetricFamily("pollux_job_restarts", "Times the job was restarted.", labels=_LABELS)
-        failures = GaugeMetricFamily("pollux_job_failures", "Failed runs of the job.", labels=_LABELS)
-        outlook = {name: GaugeMetricFamily(f"pollux_job_{name}", text, labels=_LABELS)
-                   for name, _, text in OUTLOOK_GAUGES}
-        for row in rows:
-            labels = self._labels(row)
-            gpus.add_metric(labels, sum(row.allocation.values()))
-            restarts.add_metric(labels, row.restarts)
-            failures.add_metric(labels, row.failures)
-            if row.outlook is None:
-                continue
-            for name, field, _ in OUTLOOK_GAUGES:
-                value = getattr(row.outlook, field)
-                if value is not None:
-                    outlook[name].add_metric(labels, float(value))
-        yield gpus
-        yield restarts
-        yield failures
-        yield from outlook.values()
+        labels = [self._labels(row) for row in rows]
+        families: list[tuple[str, str, list[float | None]]] = [
+            ("gpus", "GPUs allocated to the job.", [float(sum(r.allocation.values())) for r in rows]),
+            ("restarts", "Times the job was restarted.", [float(r.restarts) for r in rows]),
+            ("failures", "Failed runs of the job.", [float(r.failures) for r in rows]),
+        ]
+        for name, field, help_text in OUTLOOK_GAUGES:
+            values = [None if r.outlook is None else getattr(r.outlook, field) for r in rows]
+            families.append((name, help_text, values))
+        lines: list[str] = []
+        for name, help_text, values in families:
+            metric = f"pollux_job_{name}"
+            lines.append(f"# HELP {metric} {help_text}")
+            lines.append(f"# TYPE {metric} gauge")
+            lines += [f"{metric}{{{label}}} {floatToGoString(value)}"
+                      for label, value in zip(labels, values, strict=True) if value is not None]
+        return ("\n".join(lines) + "\n").encode()
 
 
 class ServiceMetrics(Collector):
@@ -148,7 +159,6 @@ class ServiceMetrics(Collector):
                 types = dict(self._node_types())
             except Exception:   # never let a scrape fail for want of GPU types
                 types = {}
-        per_job = CollectorRegistry()
-        per_job.register(JobSeries(self._store, owner, self._clock(), types))
-        text = generate_latest(self.registry) + generate_latest(per_job)
+        per_job = JobSeries(self._store, owner, self._clock(), types).text()
+        text = generate_latest(self.registry) + per_job
         return PlainTextResponse(text, media_type=CONTENT_TYPE_LATEST)

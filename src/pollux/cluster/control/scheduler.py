@@ -299,6 +299,10 @@ class Scheduler:
     def policy_name(self) -> str:
         return self.policy.name
 
+    def forget_outlooks(self) -> None:
+        """Drop the outlooks kept from the last round: the next round computes every job's anew."""
+        self._outlooks = OutlookCache()
+
     def decide(self, now: float, cluster: Cluster) -> RoundResult:
         """One round on ``cluster`` at ``now``; writes nothing (see :func:`schedule_once`)."""
         result = schedule_once(self.store, cluster, self.policy, now, self.rng, self._isolation,
