@@ -586,7 +586,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--stubborn-children", action="store_true",
                    help="the jobs' child processes ignore SIGTERM")
     p.add_argument("--keep", action="store_true", help="keep the temporary folder (state, logs)")
+    p.add_argument("--views", action="store_true",
+                   help="run the web view's and /metrics' leg instead (benchmarks/views_load.py, its defaults)")
     args = p.parse_args(argv)
+    if args.views:
+        sys.path.insert(0, str(Path(__file__).resolve().parent))
+        import views_load
+
+        return int(views_load.main(["--json"] if args.json else []))
     if min(args.jobs, args.threads, args.nodes, args.gpus_per_node) < 1:
         p.error("--jobs, --threads, --nodes and --gpus-per-node must be at least 1")
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))   # run the clean-up of the finally blocks
