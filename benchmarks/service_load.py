@@ -587,7 +587,7 @@ def main(argv: list[str] | None = None) -> int:
                    help="the jobs' child processes ignore SIGTERM")
     p.add_argument("--keep", action="store_true", help="keep the temporary folder (state, logs)")
     p.add_argument("--views", action="store_true",
-                   help="run the web view's and /metrics' leg instead (benchmarks/views_load.py, its defaults)")
+                   help="run the web view's and /metrics' leg instead (benchmarks/views_load.py)")
     args = p.parse_args(argv)
     if args.views:
         sys.path.insert(0, str(Path(__file__).resolve().parent))
