@@ -152,13 +152,15 @@ def test_the_known_long_entries_are_still_long():
 
 #: Inside ``pollux.cluster``: room → the rooms it may import. What is kept knows nothing of the loop,
 #: the backends or HTTP; the backends know the job spec; the loop and the HTTP side sit on both. The
-#: entry points beside the rooms (``server``, ``service``, ``demo`` and the Python ``client``) may
-#: import any room.
+#: web view reads what is kept and reuses the loop's outlook; the HTTP side mounts it (so the web view
+#: gets its viewers from the API's rules as a function, and never imports the API). The entry points
+#: beside the rooms (``server``, ``service``, ``demo`` and the Python ``client``) may import any room.
 CLUSTER_ROOMS: dict[str, set[str]] = {
     "state": set(),
     "backends": {"state"},
     "control": {"state", "backends"},
-    "api": {"state", "backends"},
+    "web": {"state", "backends", "control"},
+    "api": {"state", "backends", "web"},
 }
 CLUSTER = SRC / "cluster"
 

@@ -71,6 +71,7 @@ OPERATIONS = {
     ("GET", "/v1/users"): {200, 401, 403},
     ("POST", "/v1/users/{name}/revoke"): {401, 403, 404},   # 200, 409: test_cluster_access.py
     ("GET", "/metrics"): {200, 401},
+    ("GET", "/v1/jobs/{job_id}/hints/history"): {200, 401, 404},
 }
 #: The answers that cases breaking the schema must include, where a body or parameter can be broken.
 REFUSED = {("POST", "/v1/jobs"): {422}, ("GET", "/v1/jobs"): {422},

@@ -150,6 +150,8 @@ def run(state_dir: Path, *, nodes: int, gpus_per_node: int, interval_s: float, p
     info = server.start(state_dir, local_nodes=nodes, gpus_per_node=gpus_per_node, interval_s=interval_s,
                         policy=policy, stop_grace_s=30.0, progress=say)
     say(f"service at {info.url} (state in {info.state_dir}); {nodes} nodes x {gpus_per_node} GPU slots")
+    token_file = Path(info.state_dir) / "admin-token"
+    say(f"web view: {info.url.rstrip('/')}/ (log in with the admin token in {token_file})")
     summary: dict[str, Any] = {}
     try:
         with PolluxClient(info.url, info.token) as client:

@@ -26,7 +26,12 @@ query parameter it does not take.
 ``POST /v1/users/{name}/revoke``            admin; 200; 404, 409 (already revoked)
 ``GET  /metrics``                           admin (every job's series) or user (its own jobs'); Prometheus
                                             text (:mod:`pollux.cluster.api.metrics`)
+``GET  /v1/jobs/{id}/hints/history``        admin or the owner; ``?points=N`` (2 … 1000, default 200): the
+                                            hints history as points, down-sampled (:mod:`.web.history`)
 ==========================================  =================================================================
+
+The web view (:mod:`pollux.cluster.web`: ``/``, ``/jobs/{id}``, ``/cluster``, ``/rounds``, ``/login``)
+is mounted on the same application, outside the OpenAPI document, behind the same tokens.
 
 Errors are JSON: ``{"detail": message}``, and for a validation error (422) or an over-large body (413)
 also ``"field"``, the dotted path of the offending value (``"spec.init_batch_size"``,
@@ -70,6 +75,8 @@ from pollux.cluster.api.access import (
     OWNER_ROUTE,
     MemberCaller,
     OwnedJob,
+    Role,
+    identify,
     job_named,
 )
 from pollux.cluster.api.answers import (
@@ -84,6 +91,7 @@ from pollux.cluster.api.answers import (
 from pollux.cluster.api.limits import MAX_QUERY_INT, RequestError, find_nonfinite, read_json_body
 from pollux.cluster.api.logs import log_stream
 from pollux.cluster.api.metrics import ServiceMetrics
+from pollux.cluster.state.hints_table import MAX_HISTORY_POINTS
 from pollux.cluster.state.lifecycle import JobState
 from pollux.cluster.state.spec import JobSpec, SpecError, validate_name
 from pollux.cluster.state.store import (
@@ -95,6 +103,9 @@ from pollux.cluster.state.store import (
     UnknownUserError,
 )
 from pollux.cluster.state.user_table import validate_user_name
+from pollux.cluster.web.history import DEFAULT_POINTS, HintsPoints
+from pollux.cluster.web.routes import web_router
+from pollux.cluster.web.session import Viewer
 from pollux.hints import HintsError
 
 __all__ = ["SafeJSONResponse", "create_app"]
@@ -107,6 +118,9 @@ _StatesQuery = Annotated[list[_StateName],
                          Query(description="Only jobs in these states (repeatable).")]
 #: ``?restart=`` and ``?rank=``: whole numbers in SQLite's (and any real job's) range; absent = all.
 _IndexQuery = Annotated[int, Query(ge=0, le=MAX_QUERY_INT)]
+#: ``?points=``: the most points of a hints history (the store down-samples a longer one).
+_PointsQuery = Annotated[int, Query(alias="points", ge=2, le=MAX_HISTORY_POINTS,
+                                    description="The most points (a longer history is down-sampled).")]
 
 
 def _spec_field(exc: SpecError) -> str:
@@ -149,6 +163,7 @@ def create_app(store: JobStore, admin_token: str, *, log_dir: Path | None = None
                   description="Submit, inspect and cancel jobs; receive hints from running jobs. "
                               "Errors are {\"detail\"}, plus \"field\" on 413 and 422.")
     metrics = ServiceMetrics(store, node_types=node_types)
+    points = HintsPoints(store)
     app.state.store = store
     app.state.admin_token = admin_token
     app.state.metrics = metrics
@@ -433,5 +448,22 @@ def create_app(store: JobStore, admin_token: str, *, log_dir: Path | None = None
     def prometheus(caller: MemberCaller) -> PlainTextResponse:
         return metrics.exposition(owner=caller.owner_filter)
 
+    @app.get("/v1/jobs/{job_id}/hints/history", dependencies=[OWNER_ROUTE, only_query("points")],
+             response_model=None,
+             summary="A job's hints history as points over time, down-sampled (the admin, or the owner)",
+             responses=schema.responses(200, "HintsHistory", 401, 404, 422), openapi_extra=schema.BEARER)
+    def hints_history(job_id: str, points_wanted: _PointsQuery = DEFAULT_POINTS) -> SafeJSONResponse:
+        return SafeJSONResponse([p.to_dict() for p in points.of(job_id, points_wanted)])
+
+    def web_viewer(token: str) -> Viewer | None:
+        """The web view's reading of a token, by the API's rules: the admin or a user; a job's token
+        is no viewer."""
+        caller = identify(token, admin_token, store)
+        if caller is None or caller.role is Role.JOB:
+            return None
+        return Viewer(caller.owner_filter)
+
+    app.include_router(web_router(store, web_viewer, points, log_dir=log_dir, cluster_info=cluster_info,
+                                  node_types=types))
     schema.install(app)
     return app

@@ -218,6 +218,30 @@ COMPONENTS: dict[str, Any] = {
         "tensorboard_dir": {**_nullable({"type": "string"}), "description": "Where the job's replicas write "
                             "TensorBoard event files (POLLUX_TENSORBOARD_DIR); null without a state folder."},
     }, "A job with its allocation history, state transitions, replicas and latest hints."),
+    "HintsHistory": {"type": "array", "description": "A job's hints bodies over time, oldest first, "
+                     "down-sampled to at most ?points= entries (every k-th and the newest); each as the "
+                     "goodput model sees it on the allocation in force when it arrived.",
+                     "items": _object({
+                         "time": _TIME,
+                         "gpus": {"type": "integer", "minimum": 0,
+                                  "description": "GPUs of the allocation in force then."},
+                         "nodes": {"type": "integer", "minimum": 0},
+                         "pgns": {**_nullable({"type": "number"}),
+                                  "description": "Gradient noise scale at the initial batch size."},
+                         "batch_size": {**_nullable({"type": "number"}),
+                                        "description": "Global batch the model chooses there (null: no GPUs, "
+                                                       "or a body that no longer validates)."},
+                         "local_bsz": _nullable({"type": "number"}),
+                         "accum_steps": _nullable({"type": "integer"}),
+                         "efficiency": _nullable({"type": "number"}),
+                         "step_time": {**_nullable({"type": "number"}),
+                                       "description": "Predicted seconds per optimiser step."},
+                         "goodput": {**_nullable({"type": "number"}),
+                                     "description": "Predicted examples per second, weighted by efficiency."},
+                         "measured_step_time": {**_nullable({"type": "number"}),
+                                                "description": "From the body's optional current block."},
+                         "measured_batch_size": _nullable({"type": "number"}),
+                     })},
     "Cluster": {"type": "object", "description": "The cluster as the service sees it: nodes and GPU "
                 "slots, policy, scheduling interval, rounds run (more fields may be added).",
                 "additionalProperties": True,

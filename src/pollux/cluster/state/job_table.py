@@ -10,6 +10,7 @@ import math
 import secrets
 import sqlite3
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from pollux.cluster.state.allocation_table import check_allocation, write_allocation
@@ -19,9 +20,20 @@ from pollux.cluster.state.records import JobRecord, TransitionRecord
 from pollux.cluster.state.schema import hash_token
 from pollux.cluster.state.spec import JobSpec, is_job_id, validate_name
 
-__all__ = ["JobTable"]
+__all__ = ["MAX_PAGE_SIZE", "JobPage", "JobTable"]
 
 _log = logging.getLogger(__name__)
+
+#: The most jobs one page of a listing holds.
+MAX_PAGE_SIZE = 500
+
+
+@dataclass(frozen=True)
+class JobPage:
+    """One page of a job listing: its jobs (submission order) and how many jobs the filter matches."""
+
+    jobs: list[JobRecord]
+    total: int
 
 
 class JobTable(StoreConnection):
@@ -94,6 +106,44 @@ class JobTable(StoreConnection):
                 if wanted is not None:
                     jobs = [j for j in jobs if j.state in wanted]
             return jobs
+
+    def jobs_page(self, states: Iterable[str] | None = None, *, owner: str | None = None,
+                  admins_only: bool = False, offset: int = 0, limit: int = 50,
+                  newest_first: bool = False) -> JobPage:
+        """One page of the jobs in submission order, or the newest first (SQL ``LIMIT``/``OFFSET``: a
+        page costs the same with 50 jobs or 100,000), optionally only those in ``states``, only
+        ``owner``'s, or — with ``admins_only`` — only the admin's (owner NULL); with the number of
+        jobs the filter matches.
+
+        A read, and only a read: a job whose stored spec no longer validates is shown with
+        ``spec_error`` set (:meth:`list_jobs` fails such jobs; a page of the web view does not write).
+        ValueError for an unknown state, a negative offset or a limit outside 1 … :data:`MAX_PAGE_SIZE`.
+        """
+        wanted = None if states is None else list(states)
+        for s in wanted or ():
+            if s not in JOB_STATES:
+                raise ValueError(f"states: unknown job state {s!r}")
+        if isinstance(offset, bool) or not isinstance(offset, int) or offset < 0:
+            raise ValueError(f"offset: expected a non-negative integer, got {offset!r}")
+        if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= MAX_PAGE_SIZE:
+            raise ValueError(f"limit: expected an integer from 1 to {MAX_PAGE_SIZE}, got {limit!r}")
+        where: list[str] = []
+        params: list[Any] = []
+        if wanted is not None:
+            where.append(f"state IN ({','.join('?' * len(wanted))})")
+            params += wanted
+        if admins_only:
+            where.append("owner IS NULL")
+        elif owner is not None:
+            where.append("owner = ?")
+            params.append(owner)
+        clause = f"WHERE {' AND '.join(where)} " if where else ""
+        with self._lock:
+            total = int(self._conn.execute(f"SELECT COUNT(*) FROM jobs {clause}", params).fetchone()[0])
+            order = "submit_time DESC, rowid DESC" if newest_first else "submit_time, rowid"
+            rows = self._conn.execute(f"SELECT * FROM jobs {clause}ORDER BY {order} LIMIT ? OFFSET ?",
+                                      [*params, limit, offset]).fetchall()
+            return JobPage([self._job(r) for r in rows], total)
 
     def _fail_invalid(self, job: JobRecord) -> JobRecord:
         if job.spec_error is None or job.terminal:

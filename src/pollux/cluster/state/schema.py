@@ -10,7 +10,8 @@ Version 1 is the first schema; version 2 counts failed runs apart from restarts;
 tokens only as hashes (:func:`hash_token`), in the column ``token_hash``, with an index for finding
 the job of a token; version 4 records the allocations an elastic job has applied in place; version 5
 adds users (each with a hashed token) and the owner of each job (NULL: the admin's, as every job
-submitted before users existed); version 6 keeps the rounds and each job's latest outlook.
+submitted before users existed); version 6 keeps the rounds and each job's latest outlook; version 7
+keeps every accepted hints body (``hints_history``, append-only), for the web view's charts over time.
 """
 
 from __future__ import annotations
@@ -154,6 +155,19 @@ MIGRATIONS: list[list[MigrationStep]] = [
             speedup REAL,
             pgns REAL
         )""",
+    ],
+    [
+        # Version 7: every accepted hints body, append-only (issue 35: the web view's charts over
+        # time), written in the same transaction as the latest hints. A job's latest hints from before
+        # the upgrade open its history.
+        """CREATE TABLE hints_history (
+            seq INTEGER PRIMARY KEY AUTOINCREMENT,
+            job_id TEXT NOT NULL REFERENCES jobs(id) ON DELETE CASCADE,
+            time REAL NOT NULL,
+            hints TEXT NOT NULL
+        )""",
+        "CREATE INDEX hints_history_job ON hints_history(job_id, seq)",
+        "INSERT INTO hints_history (job_id, time, hints) SELECT job_id, time, hints FROM hints ORDER BY time",
     ],
 ]
 #: The schema version this code writes.
