@@ -42,7 +42,7 @@ from pollux.cli.parser import (
     positive_float,
     positive_int,
 )
-from pollux.cli.service_access import client_of, service_options
+from pollux.cli.service_access import client_of, json_option, service_options
 from pollux.cli.terminal import StatusLine, is_terminal
 from pollux.contract import BALANCE_MODES, JOB_KINDS
 
@@ -269,8 +269,7 @@ def local_nodes(text: str) -> int | str:
 def add_cluster_commands(sub: Any) -> None:
     """Add ``server start|stop|status``, ``submit``, ``ls``, ``describe``, ``logs``, ``cancel`` to ``sub``."""
     common = service_options()
-    as_json = argparse.ArgumentParser(add_help=False)
-    as_json.add_argument("--json", action="store_true", help="print JSON")
+    as_json = json_option()
 
     p = sub.add_parser("server", help="start, stop or inspect the live scheduler service",
                        description="The live scheduler service: the REST API, the scheduling loop and "

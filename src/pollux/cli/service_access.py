@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from pollux.cluster.client import PolluxClient
 
-__all__ = ["TOKEN_ENV", "client_of", "service_options"]
+__all__ = ["TOKEN_ENV", "client_of", "json_option", "service_options"]
 
 #: The environment variable a user keeps its token in.
 TOKEN_ENV = "POLLUX_TOKEN"
@@ -29,6 +29,13 @@ def service_options() -> argparse.ArgumentParser:
                         help=f"call the service with this token (a user's); default: ${TOKEN_ENV}, else the "
                              "state folder's admin token")
     return common
+
+
+def json_option() -> argparse.ArgumentParser:
+    """``--json`` for the service commands that print data (a parent parser)."""
+    as_json = argparse.ArgumentParser(add_help=False)
+    as_json.add_argument("--json", action="store_true", help="print JSON")
+    return as_json
 
 
 def client_of(args: argparse.Namespace) -> PolluxClient:

@@ -8,7 +8,7 @@ from typing import Any
 
 from pollux.cli.formatting import escape, table, when
 from pollux.cli.parser import command
-from pollux.cli.service_access import client_of, service_options
+from pollux.cli.service_access import client_of, json_option, service_options
 
 __all__ = ["add_user_commands"]
 
@@ -51,8 +51,7 @@ def cmd_user_revoke(args: argparse.Namespace) -> int:
 def add_user_commands(sub: Any) -> None:
     """Add ``user add|list|revoke`` to ``sub``."""
     common = service_options()
-    as_json = argparse.ArgumentParser(add_help=False)
-    as_json.add_argument("--json", action="store_true", help="print JSON")
+    as_json = json_option()
     p = sub.add_parser("user", help="manage the service's users (admin)",
                        description="Users of the service: each submits and sees only its own jobs. "
                                    "Only the admin manages them.")
