@@ -38,21 +38,13 @@ from pollux.cluster.state.store import JobStore
 from pollux.goodput import GradStats, ThroughputParams
 from pollux.hints import build_hints
 from pollux.policy.base import Cluster
+from service_load import stats_ms
 
 ADMIN = "views-load-admin-token"
 
 
 def log(msg: str) -> None:
     print(f"[views] {msg}", file=sys.stderr, flush=True)
-
-
-def stats_ms(seconds: list[float]) -> dict[str, Any]:
-    """Count, p50, p99 and max of latencies given in seconds, in milliseconds."""
-    xs = np.asarray(seconds, dtype=float) * 1000.0
-    if xs.size == 0:
-        return {"n": 0, "p50": None, "p99": None, "max": None}
-    return {"n": int(xs.size), "p50": round(float(np.percentile(xs, 50)), 1),
-            "p99": round(float(np.percentile(xs, 99)), 1), "max": round(float(xs.max()), 1)}
 
 
 def hints(rng: np.random.Generator, init_batch_size: int, seen: int) -> dict[str, Any]:

@@ -36,6 +36,28 @@ class JobPage:
     total: int
 
 
+def _job_filter(states: Iterable[str] | None, *, owner: str | None = None,
+                admins_only: bool = False) -> tuple[list[str] | None, str, list[Any]]:
+    """The states asked for (checked; ValueError naming an unknown one), and the ``WHERE`` clause
+    and parameters that keep only jobs in them, only ``owner``'s or — ``admins_only`` — the admin's."""
+    wanted = None if states is None else list(states)
+    for state in wanted or ():
+        if state not in JOB_STATES:
+            raise ValueError(f"states: unknown job state {state!r}")
+    where: list[str] = []
+    params: list[Any] = []
+    if wanted is not None:
+        where.append(f"state IN ({','.join('?' * len(wanted))})")
+        params += wanted
+    if admins_only:
+        where.append("owner IS NULL")
+    elif owner is not None:
+        where.append("owner = ?")
+        params.append(owner)
+    clause = f"WHERE {' AND '.join(where)} " if where else ""
+    return wanted, clause, params
+
+
 class JobTable(StoreConnection):
     """Jobs and their transitions."""
 
@@ -84,19 +106,7 @@ class JobTable(StoreConnection):
         with ``spec_error`` set, and if it is not terminal yet it is failed first (reason
         ``invalid spec: ...``), so that no scheduling round ever sees it.
         """
-        wanted = None if states is None else list(states)
-        for s in wanted or ():
-            if s not in JOB_STATES:
-                raise ValueError(f"states: unknown job state {s!r}")
-        where: list[str] = []
-        params: list[str] = []
-        if wanted is not None:
-            where.append(f"state IN ({','.join('?' * len(wanted))})")
-            params += wanted
-        if owner is not None:
-            where.append("owner = ?")
-            params.append(owner)
-        clause = f"WHERE {' AND '.join(where)} " if where else ""
+        wanted, clause, params = _job_filter(states, owner=owner)
         with self._lock:
             query = f"SELECT * FROM jobs {clause}ORDER BY submit_time, rowid"
             rows = self._conn.execute(query, params).fetchall()
@@ -119,25 +129,11 @@ class JobTable(StoreConnection):
         ``spec_error`` set (:meth:`list_jobs` fails such jobs; a page of the web view does not write).
         ValueError for an unknown state, a negative offset or a limit outside 1 … :data:`MAX_PAGE_SIZE`.
         """
-        wanted = None if states is None else list(states)
-        for s in wanted or ():
-            if s not in JOB_STATES:
-                raise ValueError(f"states: unknown job state {s!r}")
         if isinstance(offset, bool) or not isinstance(offset, int) or offset < 0:
             raise ValueError(f"offset: expected a non-negative integer, got {offset!r}")
         if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= MAX_PAGE_SIZE:
             raise ValueError(f"limit: expected an integer from 1 to {MAX_PAGE_SIZE}, got {limit!r}")
-        where: list[str] = []
-        params: list[Any] = []
-        if wanted is not None:
-            where.append(f"state IN ({','.join('?' * len(wanted))})")
-            params += wanted
-        if admins_only:
-            where.append("owner IS NULL")
-        elif owner is not None:
-            where.append("owner = ?")
-            params.append(owner)
-        clause = f"WHERE {' AND '.join(where)} " if where else ""
+        _, clause, params = _job_filter(states, owner=owner, admins_only=admins_only)
         with self._lock:
             total = int(self._conn.execute(f"SELECT COUNT(*) FROM jobs {clause}", params).fetchone()[0])
             order = "submit_time DESC, rowid DESC" if newest_first else "submit_time, rowid"
