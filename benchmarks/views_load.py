@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import socket
 import sys
 import tempfile
 import threading
@@ -33,6 +32,7 @@ import httpx
 import numpy as np
 
 from pollux.cluster.api.app import create_app
+from pollux.cluster.api.listener import api_socket
 from pollux.cluster.control.scheduler import Scheduler
 from pollux.cluster.state.store import JobStore
 from pollux.goodput import GradStats, ThroughputParams
@@ -82,8 +82,7 @@ def serve(app: Any) -> tuple[Any, threading.Thread, str]:
     """The app under uvicorn in a thread on a free loopback port."""
     import uvicorn
 
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
+    sock = api_socket("127.0.0.1", 0)   # as the service makes it
     server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False))
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()

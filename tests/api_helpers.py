@@ -6,13 +6,13 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import socket
 import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from pollux.cluster.api.listener import api_socket
 from pollux.goodput import GradStats, ThroughputParams
 from pollux.hints import build_hints
 
@@ -43,9 +43,7 @@ def serve_on_loopback(app: Any) -> Iterator[str]:
     the server (and closes its socket) on exit."""
     import uvicorn
 
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind(("127.0.0.1", 0))
+    sock = api_socket("127.0.0.1", 0)
     server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False))
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()

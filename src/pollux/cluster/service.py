@@ -42,13 +42,13 @@ import json
 import logging
 import os
 import signal
-import socket
 import sys
 import threading
 import time
 from pathlib import Path
 from typing import Any
 
+from pollux.cluster.api.listener import api_socket
 from pollux.cluster.backends.rayhost import write_json_atomic
 from pollux.cluster.control.controller import Controller, ControllerConfig
 from pollux.cluster.control.scheduler import Scheduler
@@ -217,10 +217,8 @@ def _serve(args: argparse.Namespace, state: Path) -> int:
     store = JobStore(state / "jobs.db")
     mark_store(state)
     secure_state_dir(state, args.run_as)
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
-        sock.bind((args.host, args.port))
+        sock = api_socket(args.host, args.port)
     except OSError as exc:
         logger.error("cannot listen on %s:%d: %s", args.host, args.port, exc.strerror or exc)
         store.close()
