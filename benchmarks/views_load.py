@@ -8,7 +8,10 @@ the real API on loopback, in this process as in the service. Measured, back to b
   (targets: p99 ≤ 200 ms);
 * a scheduling round (the Pollux policy on 64 nodes × 4 GPUs, its outlook, and its write) with the
   view idle and with a client requesting the jobs page and ``/metrics`` without pause: the ratio of
-  the median round times (the view shares the service's process, as in production);
+  the median round times (the view shares the service's process, as in production). The rounds run
+  inside the application's :class:`RoundGate`, as the controller runs them, so a page waits for the
+  round under way; the client's request times during those rounds are reported, and so are rounds
+  the gate does not hold (``round_viewed_ungated``: the view renders during them, as before the gate);
 * the outlook's own share of a round: a round whose jobs all changed against one where none did.
 
 Usage::
@@ -25,6 +28,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +37,7 @@ import numpy as np
 
 from pollux.cluster.api.app import create_app
 from pollux.cluster.api.listener import api_socket
+from pollux.cluster.control.round_gate import RoundGate
 from pollux.cluster.control.scheduler import Scheduler
 from pollux.cluster.state.store import JobStore
 from pollux.goodput import GradStats, ThroughputParams
@@ -108,16 +113,45 @@ def latencies(client: httpx.Client, path: str, n: int) -> dict[str, Any] | None:
     return {**stats_ms(out), "bytes": len(first.content)}
 
 
-def round_times(sched: Scheduler, store: JobStore, cluster: Cluster, rounds: int, t0: float) -> list[float]:
-    """Wall seconds of ``rounds`` rounds: the policy, the outlook and the write."""
+def round_times(sched: Scheduler, store: JobStore, cluster: Cluster, rounds: int, t0: float,
+                gate: RoundGate | None = None) -> list[float]:
+    """Wall seconds of ``rounds`` rounds: the policy, the outlook and the write, inside ``gate``'s
+    round as the controller runs them (a gate the application does not hold: nothing waits)."""
+    gate = RoundGate() if gate is None else gate
     out = []
     for r in range(rounds):
         start = time.perf_counter()
-        result = sched.decide(t0 + r, cluster)
-        store.apply_round(result.policy, result.policy_state, result.changed, now=t0 + r,
-                          outlook=result.outlook.values(), duration_s=result.duration_s, jobs=result.num_jobs)
+        with gate.round():
+            result = sched.decide(t0 + r, cluster)
+            store.apply_round(result.policy, result.policy_state, result.changed, now=t0 + r,
+                              outlook=result.outlook.values(), duration_s=result.duration_s,
+                              jobs=result.num_jobs)
         out.append(time.perf_counter() - start)
     return out
+
+
+def viewed_rounds(url: str, rounds: Callable[[], list[float]]) -> tuple[list[float], list[float]]:
+    """``rounds()`` while a client (a thread of this process) reads the jobs page and ``/metrics``
+    back to back without pause; returns the rounds' times and the client's request times."""
+    stop = threading.Event()
+    waits: list[float] = []
+
+    def browse() -> None:
+        with httpx.Client(base_url=url, headers={"Authorization": f"Bearer {ADMIN}"}, timeout=60) as reader:
+            while not stop.is_set():
+                for path in ("/", "/metrics"):
+                    start = time.perf_counter()
+                    reader.get(path)
+                    waits.append(time.perf_counter() - start)
+
+    reader = threading.Thread(target=browse, daemon=True)
+    reader.start()
+    try:
+        times = rounds()
+    finally:
+        stop.set()
+        reader.join(60)
+    return times, waits
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
@@ -132,7 +166,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         cluster = Cluster.uniform(args.nodes, 4)
         sched = Scheduler(store, policy_name=args.policy, seed=args.seed)
         round_times(sched, store, cluster, 1, 10_000.0)    # warm: every outlook computed once
-        server, thread, url = serve(create_app(store, ADMIN, check_files=False))
+        gate = RoundGate()   # the controller's: the view waits while a round runs, as in the service
+        app = create_app(store, ADMIN, check_files=False, wait_for_round=gate.wait_quiet)
+        server, thread, url = serve(app)
         try:
             admin = {"Authorization": f"Bearer {ADMIN}"}
             with httpx.Client(base_url=url, headers=admin, timeout=60) as client:
@@ -140,24 +176,17 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 out["jobs_page"] = latencies(client, "/", args.requests)
                 out["job_page"] = latencies(client, f"/jobs/{running[0]}", args.requests)
                 log(f"latency: metrics {out['metrics']}, jobs page {out['jobs_page']}")
-                idle = round_times(sched, store, cluster, args.rounds, 20_000.0)
-                stop = threading.Event()
-
-                def browse() -> None:
-                    with httpx.Client(base_url=url, headers={"Authorization": f"Bearer {ADMIN}"},
-                                      timeout=60) as reader:
-                        while not stop.is_set():
-                            for path in ("/", "/metrics"):
-                                reader.get(path)
-
-                reader = threading.Thread(target=browse, daemon=True)
-                reader.start()
-                busy = round_times(sched, store, cluster, args.rounds, 30_000.0)
-                stop.set()
-                reader.join(60)
+                idle = round_times(sched, store, cluster, args.rounds, 20_000.0, gate)
+                busy, waits = viewed_rounds(url, lambda: round_times(sched, store, cluster, args.rounds,
+                                                                     30_000.0, gate))
+                ungated, _ = viewed_rounds(url, lambda: round_times(sched, store, cluster, args.rounds,
+                                                                    35_000.0))
             out["round_idle"] = stats_ms(idle)
             out["round_viewed"] = stats_ms(busy)
             out["round_ratio_viewed_over_idle"] = round(float(np.median(busy) / np.median(idle)), 3)
+            out["view_requests_during_rounds"] = stats_ms(waits)
+            out["round_viewed_ungated"] = stats_ms(ungated)
+            out["round_ratio_ungated_over_idle"] = round(float(np.median(ungated) / np.median(idle)), 3)
             fresh = []
             for r in range(args.rounds):
                 sched.forget_outlooks()

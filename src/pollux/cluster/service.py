@@ -51,6 +51,7 @@ from typing import Any
 from pollux.cluster.api.listener import api_socket
 from pollux.cluster.backends.rayhost import write_json_atomic
 from pollux.cluster.control.controller import Controller, ControllerConfig
+from pollux.cluster.control.round_gate import RoundGate
 from pollux.cluster.control.scheduler import Scheduler
 from pollux.cluster.state.folder import (
     SERVICE_LOCK,
@@ -239,7 +240,7 @@ def _serve(args: argparse.Namespace, state: Path) -> int:
                               stop_grace_s=args.stop_grace, max_retries=args.max_retries, python=args.python,
                               run_as=args.run_as)
     try:
-        controller = Controller(store, backend, scheduler, config)
+        controller = Controller(store, backend, scheduler, config, round_gate=RoundGate())
     except ValueError as exc:
         logger.error("%s", exc)
         return 1
@@ -264,7 +265,7 @@ def _serve(args: argparse.Namespace, state: Path) -> int:
     app = create_app(store, token, log_dir=config.log_dir, on_change=controller.request_round,
                      cluster_info=cluster_info, node_types=node_types,
                      node_resources=lambda: [dict(n.resources) for n in controller.nodes],
-                     state_dir=config.state_dir)
+                     state_dir=config.state_dir, wait_for_round=controller.round_gate.wait_quiet)
     server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False))
     api = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, name="api", daemon=True)
     api.start()

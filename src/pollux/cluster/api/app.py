@@ -136,12 +136,18 @@ def _field_error(exc: SpecError) -> RequestError:
     return RequestError(422, field, detail)
 
 
+def _no_round() -> bool:
+    """No scheduling round in this process to wait for."""
+    return True
+
+
 def create_app(store: JobStore, admin_token: str, *, log_dir: Path | None = None,
                on_change: Callable[[], None] | None = None,
                cluster_info: Callable[[], dict[str, Any]] | None = None,
                node_resources: Callable[[], list[dict[str, float]]] | None = None,
                node_types: Callable[[], Mapping[str, str]] | None = None,
-               check_files: bool = True, state_dir: Path | None = None) -> FastAPI:
+               check_files: bool = True, state_dir: Path | None = None,
+               wait_for_round: Callable[[], object] | None = None) -> FastAPI:
     """The service's FastAPI application over ``store``; see the module docstring.
 
     ``admin_token`` authorises every user endpoint. ``log_dir``, if given, is where relative replica
@@ -156,6 +162,9 @@ def create_app(store: JobStore, admin_token: str, *, log_dir: Path | None = None
     service knows: each job then lists the ``gpu_types`` of its allocation's nodes, and a job's detail
     the type of every node it was allocated or ran on (``node_types``). ``state_dir``, the service's
     state folder, lets a job's detail name where its TensorBoard event files go (``tensorboard_dir``).
+    ``wait_for_round``, if given, blocks while a scheduling round runs (the controller's
+    ``round_gate.wait_quiet``, :mod:`pollux.cluster.control.round_gate`): the web view's pages and
+    ``/metrics`` call it before they read the store, so a round never shares the process with them.
     """
     if not isinstance(admin_token, str) or not admin_token:
         raise ValueError("admin_token: expected a non-empty string")
@@ -164,6 +173,8 @@ def create_app(store: JobStore, admin_token: str, *, log_dir: Path | None = None
                               "Errors are {\"detail\"}, plus \"field\" on 413 and 422.")
     metrics = ServiceMetrics(store, node_types=node_types)
     points = HintsPoints(store)
+    if wait_for_round is None:
+        wait_for_round = _no_round
     app.state.store = store
     app.state.admin_token = admin_token
     app.state.metrics = metrics
@@ -446,6 +457,7 @@ def create_app(store: JobStore, admin_token: str, *, log_dir: Path | None = None
              dependencies=[only_query()], responses=schema.responses(200, None, 401, 422, text=True),
              openapi_extra=schema.BEARER)
     def prometheus(caller: MemberCaller) -> PlainTextResponse:
+        wait_for_round()
         return metrics.exposition(owner=caller.owner_filter)
 
     @app.get("/v1/jobs/{job_id}/hints/history", dependencies=[OWNER_ROUTE, only_query("points")],
@@ -464,6 +476,6 @@ def create_app(store: JobStore, admin_token: str, *, log_dir: Path | None = None
         return Viewer(caller.owner_filter)
 
     app.include_router(web_router(store, web_viewer, points, log_dir=log_dir, cluster_info=cluster_info,
-                                  node_types=types))
+                                  node_types=types, wait_for_round=wait_for_round))
     schema.install(app)
     return app

@@ -64,6 +64,7 @@ from pollux.cluster.control.exits import KILL_WAIT_S, Exits
 from pollux.cluster.control.launches import Launches
 from pollux.cluster.control.records import DEFAULT_KIND, ControllerConfig, Group
 from pollux.cluster.control.recovery import recover_runs
+from pollux.cluster.control.round_gate import RoundGate
 from pollux.cluster.control.runners import Runner, default_runners
 from pollux.cluster.control.scheduler import Scheduler
 from pollux.cluster.state.lifecycle import ACTIVE_STATES, JobState
@@ -80,7 +81,7 @@ class Controller:
 
     def __init__(self, store: JobStore, backend: Backend, scheduler: Scheduler, config: ControllerConfig,
                  *, clock: Callable[[], float] = time.time, monotonic: Callable[[], float] = time.monotonic,
-                 runners: Mapping[str, Runner] | None = None) -> None:
+                 runners: Mapping[str, Runner] | None = None, round_gate: RoundGate | None = None) -> None:
         self.store = store
         self.backend = backend
         self.scheduler = scheduler
@@ -99,6 +100,8 @@ class Controller:
         self.held_nodes: dict[str, float] = {}
         self._next_round = 0.0
         self.rounds = 0
+        #: Held while a round decides and writes: the web view and /metrics wait for it.
+        self.round_gate = RoundGate() if round_gate is None else round_gate
         self.lock = threading.Lock()
         if config.run_as is not None:
             launcher.prepare_run_as(Path(config.state_dir), config.run_as)
@@ -138,12 +141,13 @@ class Controller:
         if cluster.num_nodes == 0:
             logger.warning("no alive node with GPUs; skipping the scheduling round")
             return
-        result = self.scheduler.decide(now, cluster)
-        self.rounds += 1
-        # One write for the whole round: the policy's state and every changed allocation.
-        written = self.store.apply_round(result.policy, result.policy_state, result.changed, now=now,
-                                         outlook=result.outlook.values(), duration_s=result.duration_s,
-                                         jobs=result.num_jobs)
+        with self.round_gate.round():
+            result = self.scheduler.decide(now, cluster)
+            self.rounds += 1
+            # One write for the whole round: the policy's state and every changed allocation.
+            written = self.store.apply_round(result.policy, result.policy_state, result.changed, now=now,
+                                             outlook=result.outlook.values(), duration_s=result.duration_s,
+                                             jobs=result.num_jobs)
         for jid in written:
             logger.info("round %d: job %s -> %s", self.rounds, jid, result.changed[jid] or "no GPUs")
         if result.changed:

@@ -87,11 +87,14 @@ class _PageError(Exception):
 def web_router(store: JobStore, viewer_of: ViewerLookup, points: HintsPoints, *,
                log_dir: Path | None = None,
                cluster_info: Callable[[], Mapping[str, Any]] | None = None,
-               node_types: Callable[[], Mapping[str, str]] = dict) -> APIRouter:
+               node_types: Callable[[], Mapping[str, str]] = dict,
+               wait_for_round: Callable[[], object] = lambda: True) -> APIRouter:
     """The web view's routes over ``store`` (see the module docstring). ``viewer_of`` names the
     viewer of a token (the API's rules); ``points`` computes hints histories (shared with the API);
     ``log_dir`` resolves relative replica log paths; ``cluster_info`` and ``node_types`` are the
-    application's (the nodes and their GPU types; None: no cluster backend)."""
+    application's (the nodes and their GPU types; None: no cluster backend). ``wait_for_round``
+    blocks while a scheduling round runs (:mod:`pollux.cluster.control.round_gate`): a page is built
+    after it, never during it."""
     env = Environment(loader=FileSystemLoader(TEMPLATES), autoescape=select_autoescape(["html"]),
                       trim_blocks=True, lstrip_blocks=True)
     router = APIRouter(include_in_schema=False)
@@ -114,6 +117,7 @@ def web_router(store: JobStore, viewer_of: ViewerLookup, points: HintsPoints, *,
         who = viewer(request)
         if who is None:
             return to_login(request)
+        wait_for_round()
         try:
             return build(who)
         except _PageError as exc:
