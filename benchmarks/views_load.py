@@ -125,7 +125,7 @@ def round_times(sched: Scheduler, store: JobStore, cluster: Cluster, rounds: int
             result = sched.decide(t0 + r, cluster)
             store.apply_round(result.policy, result.policy_state, result.changed, now=t0 + r,
                               outlook=result.outlook.values(), duration_s=result.duration_s,
-                              jobs=result.num_jobs)
+                              jobs=result.num_jobs, objective=result.objective)
         out.append(time.perf_counter() - start)
     return out
 

@@ -146,6 +146,7 @@ def test_controller_round_records_allocations_and_legal_transitions(store, tmp_p
         assert job.restarts == 0
         assert store.allocation_history(jid)[-1].allocation == res.allocation[jid]
         assert [t.to_state for t in store.transitions(jid)] == ["pending", "starting"]
+    assert [(r.time, r.objective) for r in store.rounds()] == [(100.0, None)]   # FIFO keeps none
     store.transition("j000", "cancelled", now=110.0)
     ctl.run_round(120.0)
     assert store.get_job("j000").allocation == {} and "j000" not in sched.last_result.allocation
@@ -359,7 +360,7 @@ def test_a_round_reads_every_jobs_hints_with_one_query(store, monkeypatch):
     Scheduler(store).decide(100.0, CLUSTER)
     assert calls == [1]
     got = original(f"j{i:03d}" for i in range(30))
-    assert sorted(got) == [f"j{i:03d}" for i in range(0, 30, 3)] and got["j003"]["version"] == 2
+    assert sorted(got) == [f"j{i:03d}" for i in range(0, 30, 3)] and got["j003"]["version"] == 3
     assert original([]) == {} and original(["nope"]) == {}
 
 
@@ -417,3 +418,21 @@ def test_a_round_recomputes_the_outlook_only_of_jobs_whose_hints_or_allocation_c
     third = sched.decide(30.0, CLUSTER)
     assert "j001" in computed and set(computed) == set(third.changed) | {"j001"}
 
+
+
+def test_a_round_reports_and_writes_the_objective_its_policy_reached(store, tmp_path):
+    """Pollux's objective is the fitness of the allocation it chose, and the controller writes it
+    with the round; FIFO keeps none."""
+    from pollux.policy.base import state_objective
+
+    submit(store, 3)
+    sched = Scheduler(store, policy_name="pollux", seed=0)
+    controller(store, sched, tmp_path).run_round(100.0)
+    result = sched.last_result
+    assert result is not None and result.policy_state is not None
+    assert result.objective == result.policy_state["fitness"] == state_objective(result.policy_state)
+    assert result.objective is not None and result.objective > 0
+    assert [(r.policy, r.objective) for r in store.rounds()] == [("pollux", result.objective)]
+    assert Scheduler(store, policy_name="fifo").decide(110.0, CLUSTER).objective is None
+    assert state_objective({"objective": float("nan")}) is None
+    assert state_objective({"objective": True}) is None

@@ -513,3 +513,29 @@ def test_a_row_whose_spec_no_longer_validates_does_not_break_listing(tmp_path):
         assert jobs["done"].state == "cancelled" and jobs["done"].spec_error.startswith("spec:")
         assert s.get_job("done").name == "f\ufffdo"
         assert s.get_job("poison").state == "failed" and s.count_by_state()["failed"] == 2
+
+
+def test_a_v7_database_keeps_its_rounds_and_gains_their_objective(tmp_path):
+    """Schema version 8 adds each round's objective: rounds written before read as None, rounds
+    written after keep the objective given, and a round without one stays None."""
+    from pollux.cluster.state.store import MIGRATIONS
+    path = tmp_path / "v7.db"
+    conn = sqlite3.connect(path)
+    for version in MIGRATIONS[:7]:
+        for step in version:
+            if callable(step):
+                step(conn)
+            else:
+                conn.execute(step)
+    conn.execute("CREATE TABLE schema_version (version INTEGER NOT NULL)")
+    conn.execute("INSERT INTO schema_version VALUES (7)")
+    conn.execute("INSERT INTO rounds (time, duration_s, policy, jobs, changed) "
+                 "VALUES (5.0, 0.1, 'pollux', 2, 1)")
+    conn.commit()
+    conn.close()
+    with JobStore(path) as s:
+        assert s.schema_version == SCHEMA_VERSION >= 8
+        s.apply_round("pollux", {"objective": 0.5}, {}, now=6.0, jobs=2, objective=0.75)
+        s.apply_round("fifo", None, {}, now=7.0, jobs=2)
+        assert [(r.time, r.policy, r.objective) for r in s.rounds()] == [
+            (5.0, "pollux", None), (6.0, "pollux", 0.75), (7.0, "fifo", None)]

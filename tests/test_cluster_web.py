@@ -14,10 +14,10 @@ from fastapi.testclient import TestClient
 from api_helpers import bearer, sample_hints
 from pollux.cluster.api.app import create_app
 from pollux.cluster.state.hints_table import MAX_HISTORY_POINTS
-from pollux.cluster.state.schema import SCHEMA_VERSION
 from pollux.cluster.state.store import JobStore
 from pollux.cluster.web.charts import line_chart
 from pollux.cluster.web.session import COOKIE, local_target
+from pollux.hints import hints_to_model
 
 ADMIN = "web-admin-token"
 HOSTILE = "<script>alert('x')</script>"
@@ -174,7 +174,8 @@ def test_the_jobs_page_is_paged_with_a_thousand_jobs(world):
 
 def test_the_cluster_and_rounds_pages(world):
     store, client, ids = world["store"], world["client"], world["ids"]
-    store.apply_round("pollux", None, {}, duration_s=0.0123, jobs=3)
+    store.apply_round("pollux", None, {}, duration_s=0.0123, jobs=3, objective=0.876543)
+    store.apply_round("fifo", None, {}, duration_s=0.002, jobs=3)
     admin = client.get("/cluster", headers=bearer(ADMIN)).text
     assert "a100" in admin and "6 of 8 GPUs in use" in admin
     assert f'data-job="{ids["bob"]}"' in admin and f'data-job="{ids["alice"]}"' in admin
@@ -182,6 +183,8 @@ def test_the_cluster_and_rounds_pages(world):
     assert f'data-job="{ids["alice"]}"' in alice and ids["bob"] not in alice and "another user" in alice
     rounds = client.get("/rounds", headers=bearer(ADMIN)).text
     assert "12.3 ms" in rounds and "pollux" in rounds
+    objectives = re.findall(r"<tr><td class=\"n\">\d+</td>.*?<td class=\"n\">([^<]*)</td></tr>", rounds)
+    assert objectives == ["–", "0.8765"]   # newest first; fifo keeps no objective
 
 
 def test_job_page_charts_hold_the_api_s_points(world):
@@ -197,6 +200,52 @@ def test_job_page_charts_hold_the_api_s_points(world):
         assert drawn == [(p["time"], p[series]) for p in points], series
     gpus = html.split('<svg data-series="gpus"', 1)[1].split("</svg>", 1)[0]
     assert re.findall(r'data-v="([^"]+)"', gpus) == ["2.0"]
+    # Without the agent's measurements (no "current" in its hints) there is nothing measured to draw.
+    assert all(p["measured_step_time"] is None and p["measured_goodput"] is None for p in points)
+    assert 'data-series="measured_' not in html
+
+
+def drawn_series(html: str, series: str) -> list[tuple[float, float]]:
+    """The (time, value) points of one chart of a page, as drawn."""
+    block = html.split(f'<svg data-series="{series}"', 1)[1].split("</svg>", 1)[0]
+    return [(float(t), float(v)) for t, v in re.findall(r'data-t="([^"]+)" data-v="([^"]+)"', block)]
+
+
+def test_measured_step_time_and_goodput_charts_hold_the_api_s_points(world):
+    """Hints version 3 carries what the job runs and its measured step time: the page charts it right
+    after each prediction, with the API's points, and the goodput is the model's efficiency at the
+    measured batch times that batch over the measured step time."""
+    store, client = world["store"], world["client"]
+    job = running(store, "alice", {"node-0": 2}, t0=2000.0)
+    runs = [(1, 64, 0, None), (2, 64, 0, (0.41, 12)), (2, 64, 1, (0.83, 30)), (2, 128, 1, (1.7, 5))]
+    bodies = []
+    for k, (replicas, local_bsz, accum_steps, timed) in enumerate(runs):
+        current = {"replicas": replicas, "local_bsz": local_bsz, "accum_steps": accum_steps,
+                   "batch_size": replicas * local_bsz * (accum_steps + 1)}
+        if timed is not None:
+            current.update(step_time=timed[0], steps=timed[1])
+        bodies.append(store.put_hints(job, {**sample_hints(), "current": current}, now=2010.0 + k))
+    api = client.get(f"/v1/jobs/{job}/hints/history", headers=bearer(world["tokens"]["alice"]))
+    assert api.status_code == 200
+    points = api.json()
+    assert [p["measured_step_time"] for p in points] == [None, 0.41, 0.83, 1.7]
+    assert [p["measured_batch_size"] for p in points] == [64.0, 128.0, 256.0, 512.0]
+    model = hints_to_model(bodies[0])[0]
+    for p in points[1:]:
+        batch = p["measured_batch_size"]
+        expected = batch * float(model.efficiency(batch)) / p["measured_step_time"]
+        assert p["measured_goodput"] == pytest.approx(expected, rel=1e-12)
+    assert points[0]["measured_goodput"] is None
+    # A larger batch loses statistical efficiency: the measured goodput is not examples per second.
+    assert points[3]["measured_goodput"] < 512.0 / 1.7
+
+    html = client.get(f"/jobs/{job}", headers=bearer(ADMIN)).text
+    order = re.findall(r'<svg data-series="([^"]+)"', html)
+    assert order == ["gpus", "batch_size", "efficiency", "pgns", "step_time", "measured_step_time",
+                     "goodput", "measured_goodput"]
+    for series in ("measured_step_time", "measured_goodput", "step_time", "goodput"):
+        assert drawn_series(html, series) == [(p["time"], p[series]) for p in points
+                                              if p[series] is not None], series
 
 
 def test_hints_history_route_follows_the_owner_rule_and_checks_points(world):
@@ -239,7 +288,8 @@ def test_history_is_written_with_the_latest_hints_and_survives_an_upgrade(tmp_pa
         job = running(store, None, {"node-0": 1}, hints=3)
     conn = sqlite3.connect(path)
     conn.execute("DROP TABLE hints_history")
-    conn.execute("UPDATE schema_version SET version = ?", (SCHEMA_VERSION - 1,))
+    conn.execute("ALTER TABLE rounds DROP COLUMN objective")   # and what version 8 added
+    conn.execute("UPDATE schema_version SET version = 6")
     conn.commit()
     conn.close()
     with JobStore(path) as store:

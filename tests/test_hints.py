@@ -41,10 +41,12 @@ def test_schema_is_valid_draft_2020_12_and_shipped_in_package():
     schema = load_schema()
     jsonschema.Draft202012Validator.check_schema(schema)
     assert schema["$schema"].endswith("/draft/2020-12/schema")
-    assert SCHEMA_PATH.name == "hints-v2.json" and SCHEMA_PATH.parent.parent.name == "pollux"
-    # Every field is required except the optional LB-BSP "balance" object (issue 12) and the GPU
-    # type fields of version 2 (issue 13).
-    assert set(schema["required"]) == set(schema["properties"]) - {"balance", "gpu_type", "types"}
+    assert SCHEMA_PATH.name == "hints-v3.json" and SCHEMA_PATH.parent.parent.name == "pollux"
+    assert schema["$id"].endswith("hints-v3") and "version 3" in schema["title"]
+    assert schema["properties"]["version"]["const"] == 3
+    # Every field is required except the optional LB-BSP "balance" object (issue 12), the GPU
+    # type fields of version 2 (issue 13) and what the job runs now, of version 3 (issue 35).
+    assert set(schema["required"]) == set(schema["properties"]) - {"balance", "gpu_type", "types", "current"}
 
 
 def test_build_hints_round_trips_through_json_and_schema():
@@ -53,7 +55,7 @@ def test_build_hints_round_trips_through_json_and_schema():
     text = json.dumps(hints, allow_nan=False)
     again = validate_hints(json.loads(text))
     assert again == hints
-    assert hints["version"] == 2
+    assert hints["version"] == 3
     assert hints["throughput"] == PARAMS.to_dict()
     assert hints["grad"] == {"sqr": 8.95, "var": 5.07}
     assert hints["local_bsz_bounds"] == [32, 1024]
@@ -124,7 +126,7 @@ VIOLATIONS = [
     ("gamma above 10", lambda h: _set(h, ["throughput", "gamma"], 10.5), "throughput.gamma"),
     ("lo > hi", lambda h: _set(h, ["local_bsz_bounds"], [64, 32]), "local_bsz_bounds"),
     ("max below init", lambda h: _set(h, ["max_batch_size"], 64), "max_batch_size"),
-    ("version 3", lambda h: _set(h, ["version"], 3), "version"),
+    ("version 4", lambda h: _set(h, ["version"], 4), "version"),
     ("version string", lambda h: _set(h, ["version"], "1"), "version"),
     ("version true", lambda h: _set(h, ["version"], True), "version"),
     ("accumulation string", lambda h: _set(h, ["accumulation"], "yes"), "accumulation"),
@@ -285,7 +287,8 @@ def test_version_1_bodies_are_still_accepted():
     body = copy.deepcopy(make_hints())
     body["version"] = 1
     out = validate_hints(body)
-    assert out["version"] == 2 and "gpu_type" not in out and "types" not in out
+    assert out["version"] == 3 and "gpu_type" not in out and "types" not in out
+    assert "current" not in out
     assert hints_to_type_models(body) == ({}, {})
     body["gpu_type"] = "aws"                                  # a v2 field in a v1 body
     with pytest.raises(HintsError, match=r"gpu_type: unknown field .*schema v1"):
@@ -345,3 +348,70 @@ def test_merge_keeps_earlier_type_profiles_that_new_hints_do_not_name():
     assert merge_type_profiles(None, validate_hints(own)) == validate_hints(own)
     untyped = validate_hints({**copy.deepcopy(make_hints()), "version": 1})
     assert merge_type_profiles(untyped, validate_hints(own)) == validate_hints(own)
+
+
+# ---------------------------------------------------------------------------------------------
+# Version 3: what the job runs now and what it measured there (issue 35)
+# ---------------------------------------------------------------------------------------------
+
+CURRENT = {"replicas": 2, "local_bsz": 96, "accum_steps": 1, "batch_size": 384, "step_time": 0.731,
+           "steps": 40}
+
+
+def test_current_is_optional_and_round_trips():
+    assert "current" not in make_hints()
+    hints = make_hints(current=CURRENT)
+    assert hints["current"] == CURRENT and hints["version"] == 3
+    jsonschema.validate(hints, load_schema(), cls=jsonschema.Draft202012Validator)
+    assert validate_hints(json.loads(json.dumps(hints))) == hints
+    untimed = {k: v for k, v in CURRENT.items() if k not in ("step_time", "steps")}
+    assert make_hints(current=untimed)["current"] == untimed      # not timed yet: no step time
+    raw = copy.deepcopy(hints)
+    raw["current"].update(replicas=np.int64(2), local_bsz=96.0, step_time=np.float32(0.5), steps=40.0)
+    out = validate_hints(raw)["current"]
+    assert out == {**CURRENT, "step_time": 0.5}
+    assert all(type(out[k]) is int for k in ("replicas", "local_bsz", "accum_steps", "batch_size", "steps"))
+    assert type(out["step_time"]) is float
+    model, limits, _ = hints_to_model(hints)                  # the policy's view is unchanged
+    assert (model, limits) == hints_to_model(make_hints())[:2]
+
+
+@pytest.mark.parametrize("version", [1, 2])
+def test_older_versions_are_normalised_to_version_3_without_current(version):
+    body = copy.deepcopy(make_hints())
+    body["version"] = version
+    out = validate_hints(body)
+    assert out == {**make_hints(), "version": 3} and "current" not in out
+    body["current"] = dict(CURRENT)                          # a v3 field in an older body
+    with pytest.raises(HintsError, match=rf"current: unknown field .*schema v{version}"):
+        validate_hints(body)
+
+
+CURRENT_VIOLATIONS = [
+    ("unknown field", lambda c: c.update(gpus=2), "current.gpus"),
+    ("batch size mismatch", lambda c: c.update(batch_size=192), "current.batch_size"),
+    ("accumulation ignored", lambda c: c.update(accum_steps=0), "current.batch_size"),
+    ("zero step time", lambda c: c.update(step_time=0.0), "current.step_time"),
+    ("negative step time", lambda c: c.update(step_time=-0.1), "current.step_time"),
+    ("nan step time", lambda c: c.update(step_time=math.nan), "current.step_time"),
+    ("step time without steps", lambda c: c.pop("steps"), "current.steps"),
+    ("steps without step time", lambda c: c.pop("step_time"), "current.step_time"),
+    ("zero steps", lambda c: c.update(steps=0), "current.steps"),
+    ("zero replicas", lambda c: c.update(replicas=0), "current.replicas"),
+    ("negative accumulation", lambda c: c.update(accum_steps=-1), "current.accum_steps"),
+    ("fractional local batch", lambda c: c.update(local_bsz=96.5), "current.local_bsz"),
+    ("missing batch size", lambda c: c.pop("batch_size"), "current.batch_size"),
+]
+
+
+@pytest.mark.parametrize(("mutate", "field"), [(m, f) for _, m, f in CURRENT_VIOLATIONS],
+                         ids=[d for d, _, _ in CURRENT_VIOLATIONS])
+def test_bad_current_is_rejected_naming_the_field(mutate, field):
+    hints = make_hints(current=CURRENT)
+    mutate(hints["current"])
+    with pytest.raises(HintsError) as info:
+        validate_hints(hints)
+    assert info.value.field == field, str(info.value)
+    assert str(info.value).startswith(f"{field}:")
+    with pytest.raises(HintsError):
+        build_hints(PARAMS, GRAD, 128, 4096, (32, 1024), True, 4, 1.0, 3, current=hints["current"])

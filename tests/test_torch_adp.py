@@ -14,6 +14,7 @@ import sys
 import threading
 from collections import Counter
 from pathlib import Path
+from types import SimpleNamespace
 from typing import ClassVar
 
 import pytest
@@ -23,6 +24,7 @@ import pollux.torch as ptorch
 from pollux.goodput import AdaScale, SquareRoot, gain
 from pollux.torch.api import BatchConfig
 from pollux.torch.context import ENV_FAULT_OOM_ABOVE, ENV_REFIT_INTERVAL, get_context, reset_context
+from pollux.torch.tuner import current_hints
 
 
 class Indexed(torch.utils.data.Dataset):
@@ -485,6 +487,13 @@ def test_periodic_refit_chooses_batches_and_reports_hints(agent, caplog) -> None
         hints = loader.hints()
         assert hints["init_batch_size"] == 8 and hints["max_batch_size"] == 128
         assert hints["local_bsz_bounds"] == [1, 32] and hints["accumulation"] is True
+        # What the job runs now, and the profiler's own mean step time of it on these nodes (issue 35).
+        config = loader.tuner.config
+        measured = ctx.profiler.step_time(ctx.nodes, config.replicas, config.local_bsz, config.accum_steps)
+        assert measured is not None and measured[0] > 0
+        assert hints["current"] == {"replicas": config.replicas, "local_bsz": config.local_bsz,
+                                    "accum_steps": config.accum_steps, "batch_size": config.batch_size,
+                                    "step_time": measured[0], "steps": measured[1]}
         assert ctx.reporter.flush(10)
     finally:
         server.shutdown()
@@ -492,9 +501,35 @@ def test_periodic_refit_chooses_batches_and_reports_hints(agent, caplog) -> None
     assert _HintsHandler.received
     path, auth, body = _HintsHandler.received[-1]
     assert path == "/v1/jobs/job-1/hints" and auth == "Bearer tok"
-    assert body["version"] == 2 and set(body["throughput"]) >= {"alpha_grad", "gamma"}
+    assert body["version"] == 3 and set(body["throughput"]) >= {"alpha_grad", "gamma"}
     assert body["gpu_type"] == "aws"
+    # Every report names the configuration it ran; the profiler times steps only after a warm-up, so
+    # the early ones have no step time yet, and the last one has.
+    assert all(sent["current"]["replicas"] == 1 for _, _, sent in _HintsHandler.received)
+    assert body["current"]["step_time"] > 0 and body["current"]["steps"] >= 1
     assert "batch size 8 (local 8 x 1" in caplog.text
+
+
+def test_current_hints_describe_only_the_configuration_running_here() -> None:
+    """``current`` is the configuration on the current replicas, timed where the profiler timed it on
+    the current nodes; a zero mean (a clock too coarse) is no measurement."""
+    asked = []
+    times = {(2, 2, 16, 1): (0.25, 7), (2, 2, 8, 0): (0.0, 3)}
+
+    def step_time(nodes, replicas, local_bsz, accum_steps=0):
+        asked.append((nodes, replicas, local_bsz, accum_steps))
+        return times.get((nodes, replicas, local_bsz, accum_steps))
+
+    ctx = SimpleNamespace(replicas=2, nodes=2, profiler=SimpleNamespace(step_time=step_time))
+    assert current_hints(ctx, BatchConfig(2, 16, 1)) == {"replicas": 2, "local_bsz": 16, "accum_steps": 1,
+                                                         "batch_size": 64, "step_time": 0.25, "steps": 7}
+    assert asked == [(2, 2, 16, 1)]
+    assert current_hints(ctx, BatchConfig(2, 8, 0)) == {"replicas": 2, "local_bsz": 8, "accum_steps": 0,
+                                                        "batch_size": 16}
+    untimed = current_hints(ctx, BatchConfig(2, 4, 0))          # never timed here
+    assert untimed == {"replicas": 2, "local_bsz": 4, "accum_steps": 0, "batch_size": 8}
+    assert current_hints(ctx, None) is None                   # before the first iteration
+    assert current_hints(ctx, BatchConfig(3, 16, 1)) is None   # resized: that configuration ran elsewhere
 
 
 def test_fatal_oom_is_remembered_for_the_restart(agent, tmp_path: Path) -> None:

@@ -6,14 +6,17 @@ body. Both sides use this module: the agent builds the body with :func:`build_hi
 it with :func:`validate_hints` (answering 422 on :class:`HintsError`) and turns it into the goodput
 model a policy needs with :func:`hints_to_model`.
 
-The body is described by a JSON Schema kept in the package, ``schemas/hints-v2.json`` (draft
-2020-12); version 2 adds the GPU type the job runs on (``gpu_type``) and its model on every type it
-has run on (``types``), for heterogeneous clusters (SPEC §10). A version-1 body (``hints-v1.json``)
-is still accepted and normalised to version 2 without those fields. What a schema cannot express is
-checked here: every number finite (Python's ``json`` accepts
-``NaN`` and ``Infinity``), ``local_bsz_bounds[0] <= local_bsz_bounds[1]``,
-``max_batch_size >= init_batch_size``, and in the optional ``balance`` object (LB-BSP, SPEC §10) one
-step time per share and straggler ranks below the number of shares.
+The body is described by a JSON Schema kept in the package, ``schemas/hints-v3.json`` (draft
+2020-12). Version 2 added the GPU type the job runs on (``gpu_type``) and its model on every type it
+has run on (``types``), for heterogeneous clusters (SPEC §10); version 3 adds ``current``, the batch
+configuration the job runs now and its measured step time there, so that the service can set what
+the job measured beside what its model predicts (the web view's job charts). Version-1 and version-2
+bodies (``hints-v1.json``, ``hints-v2.json``) are still accepted and normalised to version 3 without
+the fields they lack. What a schema cannot express is checked here: every number finite (Python's
+``json`` accepts ``NaN`` and ``Infinity``), ``local_bsz_bounds[0] <= local_bsz_bounds[1]``,
+``max_batch_size >= init_batch_size``, in the optional ``balance`` object (LB-BSP, SPEC §10) one
+step time per share and straggler ranks below the number of shares, and in ``current`` a
+``batch_size`` equal to ``replicas × local_bsz × (accum_steps + 1)``.
 
 This module must not import torch: the service imports it.
 """
@@ -37,11 +40,11 @@ from pollux.contract import PREEMPTED_EXIT_CODE  # noqa: F401  (re-exported: old
 from pollux.goodput.model import BatchLimits, GoodputModel
 from pollux.goodput.records import GradStats, ThroughputParams
 
-#: Version of the hints body this module writes (it also reads version 1).
-HINTS_VERSION = 2
+#: Version of the hints body this module writes (it also reads versions 1 and 2).
+HINTS_VERSION = 3
 #: The JSON Schemas of the hints body by version, shipped as package data.
 SCHEMA_PATHS: dict[int, Path] = {v: Path(__file__).resolve().parent / "schemas" / f"hints-v{v}.json"
-                                 for v in (1, 2)}
+                                 for v in (1, 2, 3)}
 #: The schema of the current version.
 SCHEMA_PATH: Path = SCHEMA_PATHS[HINTS_VERSION]
 #: Path of the hints endpoint under the service URL; format with a URL-quoted job id.
@@ -133,6 +136,11 @@ def _error_field(error: ValidationError, version: int = HINTS_VERSION) -> tuple[
         missing = [name for name in error.validator_value if name not in instance]
         if missing:
             return _join(path, missing[0]), "required field is missing"
+    if error.validator == "dependentRequired" and isinstance(instance, dict):
+        for present, needed in error.validator_value.items():
+            absent = [name for name in needed if present in instance and name not in instance]
+            if absent:
+                return _join(path, absent[0]), f"required with {present}"
     if error.validator == "additionalProperties" and isinstance(instance, dict):
         known = error.schema.get("properties", {})
         extra = sorted(k for k in instance if k not in known)
@@ -150,8 +158,9 @@ def validate_hints(obj: Any) -> dict[str, Any]:
     The result is a new dict of plain JSON types: integers as ``int`` (``32.0`` becomes ``32``),
     every other number as ``float``, ``local_bsz_bounds`` as a two-item list. Raises
     :class:`HintsError` naming the field for a schema violation (missing or unknown field, wrong
-    type, out of range), a non-finite number, an unsupported version, ``lo > hi`` or
-    ``max_batch_size < init_batch_size``.
+    type, out of range), a non-finite number, an unsupported version, ``lo > hi``,
+    ``max_batch_size < init_batch_size`` or a ``current.batch_size`` that is not its configuration's.
+    A version-1 or version-2 body comes back as version 3, without the fields it could not have.
     """
     if not isinstance(obj, Mapping):
         raise HintsError("", f"expected a JSON object, got {type(obj).__name__}")
@@ -199,6 +208,23 @@ def validate_hints(obj: Any) -> dict[str, Any]:
             out["types"][str(name)] = {
                 "throughput": {k: float(entry["throughput"][k]) for k in _THROUGHPUT_FIELDS},
                 "local_bsz_bounds": [int(t_lo), int(t_hi)]}
+    if "current" in data:
+        out["current"] = _check_current(data["current"])
+    return out
+
+
+def _check_current(current: Mapping[str, Any]) -> dict[str, Any]:
+    """The ``current`` object normalised, after the product check the schema cannot make: a batch
+    size that disagrees with its own configuration would put a measured point at the wrong batch."""
+    out: dict[str, Any] = {name: int(current[name])
+                           for name in ("replicas", "local_bsz", "accum_steps", "batch_size")}
+    product = out["replicas"] * out["local_bsz"] * (out["accum_steps"] + 1)
+    if out["batch_size"] != product:
+        raise HintsError("current.batch_size", f"{out['batch_size']} is not replicas x local_bsz x "
+                                               f"(accum_steps + 1) = {product}")
+    if "step_time" in current:
+        out["step_time"] = float(current["step_time"])
+        out["steps"] = int(current["steps"])
     return out
 
 
@@ -231,6 +257,7 @@ def build_hints(
     balance: Mapping[str, Any] | None = None,
     gpu_type: str | None = None,
     types: Mapping[str, Mapping[str, Any]] | None = None,
+    current: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The hints body of a job, validated (see :func:`validate_hints`).
 
@@ -240,6 +267,9 @@ def build_hints(
     "predicted_step_time", "stragglers"}``; None leaves the field out. ``gpu_type`` is the GPU type
     the replicas run on and ``types`` the model per type the job has run on
     (``{type: {"throughput": params, "local_bsz_bounds": [lo, hi]}}``); None leaves them out.
+    ``current`` is the configuration the job runs now and what it measured there: ``{"replicas",
+    "local_bsz", "accum_steps", "batch_size"}`` and, once timed, ``"step_time"`` (mean seconds per
+    optimiser step on the current allocation) with ``"steps"`` (how many); None leaves it out.
     """
     throughput = params.to_dict() if isinstance(params, ThroughputParams) else dict(params)
     stats = grad.to_dict() if isinstance(grad, GradStats) else dict(grad)
@@ -267,6 +297,8 @@ def build_hints(
                                                  else dict(v["throughput"])),
                                   "local_bsz_bounds": list(v["local_bsz_bounds"])}
                          for t, v in types.items()}
+    if current is not None:
+        body["current"] = dict(current)
     return validate_hints(body)
 
 
@@ -296,7 +328,7 @@ def hints_to_model(hints: Mapping[str, Any]) -> tuple[GoodputModel, BatchLimits,
 
 def hints_to_type_models(hints: Mapping[str, Any]) -> tuple[dict[str, GoodputModel], dict[str, BatchLimits]]:
     """Per GPU type, the job's goodput model and batch limits (``JobView.type_models`` /
-    ``type_limits``), from a version-2 body's ``types`` and ``gpu_type``; empty for a body without
+    ``type_limits``), from a body's ``types`` and ``gpu_type`` (version 2 on); empty for a body without
     them. The gradient statistics and the global batch limits are the job's, whatever the type."""
     data = validate_hints(hints)
     stats = GradStats.from_dict(data["grad"], where="grad")
@@ -323,7 +355,7 @@ def merge_type_profiles(previous: Mapping[str, Any] | None, new: Mapping[str, An
     has run on (they travel in its checkpoints), but a profile can also come from elsewhere — a short
     bootstrap run on another type (Sia), or an operator — and must not vanish when the running job
     next reports only what it has measured itself. Both bodies are as :func:`validate_hints` returns
-    them (a version-1 body has become version 2 without types there); ``previous`` None keeps nothing.
+    them (a version-1 body has become version 3 without types there); ``previous`` None keeps nothing.
     """
     data = dict(new)
     if previous is None:

@@ -16,6 +16,7 @@ its state back with :func:`decode_state` (harmless on plain JSON).
 from __future__ import annotations
 
 import base64
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
@@ -187,7 +188,9 @@ class Policy(Protocol):
 
     ``decide`` reads each job's current GPUs from ``JobView.allocation`` (build views with
     :func:`with_allocation` when the allocation is held apart), and returns the new allocation and a
-    JSON-able state to pass back next round.
+    JSON-able state to pass back next round. A policy that maximises a number puts its value for the
+    allocation it chose in the state under ``"objective"`` (:func:`state_objective`), for people to
+    follow round by round.
     """
 
     name: str
@@ -287,6 +290,15 @@ def check_allocation(allocation: Allocation, cluster: Cluster) -> None:
         n = int(over[0])
         raise ValueError(f"node {cluster.nodes[n]!r}: {int(used[n])} GPUs allocated, "
                          f"capacity {cluster.gpus[n]}")
+
+
+def state_objective(state: PolicyState | None) -> float | None:
+    """The objective a policy's round reached, from the state it returned (see :class:`Policy`);
+    None for a policy that keeps none (the baselines order jobs; they maximise nothing)."""
+    value = None if state is None else state.get("objective")
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        return None
+    return float(value)
 
 
 def encode_state(state: PolicyState) -> dict[str, Any]:

@@ -29,7 +29,7 @@ from pollux.torch.tensorboard import log_decision
 
 logger = logging.getLogger("pollux.torch")
 
-__all__ = ["OOM_BACKOFF", "BatchTuner"]
+__all__ = ["OOM_BACKOFF", "BatchTuner", "current_hints", "measured_step_time"]
 
 #: After an out-of-memory error the upper local batch bound becomes ``floor(m × OOM_BACKOFF)``.
 OOM_BACKOFF = 0.75
@@ -184,10 +184,6 @@ class BatchTuner:
 
     # ---------------------------------------------------------------- decisions (rank 0)
 
-    def _step_time(self, ctx: AgentContext, config: BatchConfig) -> tuple[float, int] | None:
-        """Measured (mean step time, steps) of ``config`` on the current nodes, if any."""
-        return ctx.profiler.step_time(ctx.nodes, config.replicas, config.local_bsz, config.accum_steps)
-
     def _decide(self, ctx: AgentContext, reason: str, *, periodic: bool) -> BatchConfig:
         """Rank 0's choice of configuration on the current replicas (see :mod:`pollux.torch.decisions`)."""
         k, nodes = ctx.replicas, ctx.nodes
@@ -216,9 +212,9 @@ class BatchTuner:
         last = self.last_decision
         measured_last = None
         if last is not None and last.config.replicas == k:
-            found = self._step_time(ctx, last.config)
+            found = measured_step_time(ctx, last.config)
             measured_last = None if found is None else found[0]
-        here = self._step_time(ctx, base)
+        here = measured_step_time(ctx, base)
         proposal = decisions.decide(ctx.fit_params, evidence, self.limits(), nodes, base, reference,
                                     ctx.profiler.max_local_bsz(), last, measured_last, periodic=periodic,
                                     measured_current_s=None if here is None else here[0])
@@ -243,7 +239,7 @@ class BatchTuner:
         m0 = float(self.init_batch_size)
         params, nodes = ctx.fit_params, ctx.nodes
         predicted_new = left_pred = model_new = None
-        left_meas = self._step_time(ctx, old) if old is not None else None
+        left_meas = measured_step_time(ctx, old) if old is not None else None
         if params is not None and evidence is not None:
             ref = ctx.profiler.max_local_bsz()
             model_new = predicted_new = decisions.predicted_step_time(params, nodes, new, ref)
@@ -292,7 +288,7 @@ class BatchTuner:
         last = self.last_decision
         if last is None or last.checked or last.config.replicas != ctx.replicas:
             return
-        found = self._step_time(ctx, last.config)
+        found = measured_step_time(ctx, last.config)
         if (found is None or found[1] < decisions.CHECK_AFTER_STEPS
                 or not math.isfinite(last.predicted_step_s)):
             return
@@ -323,6 +319,7 @@ class BatchTuner:
             balance=None if balance is None else balance.as_hints(),
             gpu_type=ctx.env.gpu_type,
             types=ctx.type_hints(bounds),
+            current=current_hints(ctx, self.config),
         )
 
     def _report_hints(self, ctx: AgentContext, balance: BalanceReport | None) -> None:
@@ -335,3 +332,27 @@ class BatchTuner:
             return
         if body is not None:
             ctx.reporter.report_async(body)
+
+
+def measured_step_time(ctx: AgentContext, config: BatchConfig) -> tuple[float, int] | None:
+    """Measured (mean step time, steps) of ``config`` on the current nodes, if any."""
+    return ctx.profiler.step_time(ctx.nodes, config.replicas, config.local_bsz, config.accum_steps)
+
+
+def current_hints(ctx: AgentContext, config: BatchConfig | None) -> dict[str, Any] | None:
+    """The hints' ``current`` object: the configuration in force and, once the profiler has timed it
+    on the current nodes, its mean step time and the steps behind that mean — so that the service can
+    set what the job measured beside what its model predicts.
+
+    None without a configuration on the current replicas (before the first iteration, or after a
+    resize until the next one starts): the job then runs nothing this could describe. A mean of zero
+    (a clock too coarse for the step) says nothing about the speed and is left out.
+    """
+    if config is None or config.replicas != ctx.replicas:
+        return None
+    out: dict[str, Any] = {"replicas": config.replicas, "local_bsz": config.local_bsz,
+                           "accum_steps": config.accum_steps, "batch_size": config.batch_size}
+    found = measured_step_time(ctx, config)
+    if found is not None and math.isfinite(found[0]) and found[0] > 0:
+        out["step_time"], out["steps"] = float(found[0]), int(found[1])
+    return out

@@ -3,7 +3,7 @@
 Request bodies are parsed by hand in the API (so that an error names the field, and so that limits
 apply before parsing), so the framework cannot infer their schemas; they are written here as JSON
 Schema (OpenAPI 3.1 uses draft 2020-12), from the same limits the validation enforces
-(:mod:`pollux.cluster.state.spec`, :mod:`pollux.cluster.api.limits`, the hints contract ``hints-v2.json``).
+(:mod:`pollux.cluster.state.spec`, :mod:`pollux.cluster.api.limits`, the hints contract ``hints-v3.json``).
 Answers are described the same way, field for field, so that a schema-driven fuzzer can check every
 real answer against them (``tests/test_cluster_openapi.py``).
 
@@ -241,6 +241,10 @@ COMPONENTS: dict[str, Any] = {
                          "measured_step_time": {**_nullable({"type": "number"}),
                                                 "description": "From the body's optional current block."},
                          "measured_batch_size": _nullable({"type": "number"}),
+                         "measured_goodput": {**_nullable({"type": "number"}),
+                                              "description": "Measured batch size times the model's "
+                                                             "statistical efficiency there, over the "
+                                                             "measured step time."},
                      })},
     "Cluster": {"type": "object", "description": "The cluster as the service sees it: nodes and GPU "
                 "slots, policy, scheduling interval, rounds run (more fields may be added).",

@@ -147,7 +147,7 @@ class Controller:
             # One write for the whole round: the policy's state and every changed allocation.
             written = self.store.apply_round(result.policy, result.policy_state, result.changed, now=now,
                                              outlook=result.outlook.values(), duration_s=result.duration_s,
-                                             jobs=result.num_jobs)
+                                             jobs=result.num_jobs, objective=result.objective)
         for jid in written:
             logger.info("round %d: job %s -> %s", self.rounds, jid, result.changed[jid] or "no GPUs")
         if result.changed:

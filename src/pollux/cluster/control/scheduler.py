@@ -45,6 +45,7 @@ from pollux.policy.base import (
     PolicyState,
     check_allocation,
     fixed_shape,
+    state_objective,
 )
 from pollux.policy.registry import make_policy, policy_info
 
@@ -134,6 +135,8 @@ class RoundResult:
     policy_state: PolicyState | None = None
     #: What the round expects of each job it scheduled, on its new allocation.
     outlook: dict[str, JobOutlook] = field(default_factory=dict)
+    #: The objective the policy reached (:func:`pollux.policy.base.state_objective`); None: it keeps none.
+    objective: float | None = None
 
 
 def _clean(row: Mapping[str, int]) -> dict[str, int]:
@@ -274,7 +277,8 @@ def schedule_once(store: JobStore, cluster: Cluster, policy: Policy, now: float,
     outlook = (OutlookCache() if outlooks is None else outlooks).round(views, allocation, now, prints)
     return RoundResult(now=float(now), policy=policy.name, allocation=allocation, changed=changed,
                        previous=previous, duration_s=duration_s, num_jobs=len(jobs),
-                       excluded=excluded, policy_state=new_state, outlook=outlook)
+                       excluded=excluded, policy_state=new_state, outlook=outlook,
+                       objective=state_objective(new_state))
 
 
 class Scheduler:

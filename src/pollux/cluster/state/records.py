@@ -161,8 +161,8 @@ class JobOutlook:
 
 @dataclass(frozen=True)
 class RoundRecord:
-    """One scheduling round: when, how long the policy took, which policy, how many jobs it saw and
-    how many allocations it changed."""
+    """One scheduling round: when, how long the policy took, which policy, how many jobs it saw, how
+    many allocations it changed, and the objective the policy reached (None: it keeps none)."""
 
     number: int
     time: float
@@ -170,3 +170,4 @@ class RoundRecord:
     policy: str
     jobs: int
     changed: int
+    objective: float | None = None

@@ -31,9 +31,9 @@ class JobSeriesRow:
 
 
 def write_round(conn: sqlite3.Connection, time: float, duration_s: float, policy: str, jobs: int,
-                changed: int) -> None:
-    conn.execute("INSERT INTO rounds (time, duration_s, policy, jobs, changed) VALUES (?, ?, ?, ?, ?)",
-                 (time, duration_s, policy, jobs, changed))
+                changed: int, objective: float | None = None) -> None:
+    conn.execute("INSERT INTO rounds (time, duration_s, policy, jobs, changed, objective) "
+                 "VALUES (?, ?, ?, ?, ?, ?)", (time, duration_s, policy, jobs, changed, objective))
 
 
 def write_outlooks(conn: sqlite3.Connection, outlooks: Iterable[JobOutlook]) -> None:
@@ -53,8 +53,8 @@ class RoundTable(StoreConnection):
         with self._lock:
             query = "SELECT * FROM rounds ORDER BY number DESC LIMIT ?"
             rows = self._conn.execute(query, (int(limit),)).fetchall()
-        return [RoundRecord(r["number"], r["time"], r["duration_s"], r["policy"], r["jobs"], r["changed"])
-                for r in reversed(rows)]
+        return [RoundRecord(r["number"], r["time"], r["duration_s"], r["policy"], r["jobs"], r["changed"],
+                            r["objective"]) for r in reversed(rows)]
 
     def outlooks(self, job_ids: Iterable[str] | None = None) -> dict[str, JobOutlook]:
         """The latest outlook of each job (of ``job_ids``, or of every job that has one)."""

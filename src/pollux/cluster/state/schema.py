@@ -11,7 +11,8 @@ tokens only as hashes (:func:`hash_token`), in the column ``token_hash``, with a
 the job of a token; version 4 records the allocations an elastic job has applied in place; version 5
 adds users (each with a hashed token) and the owner of each job (NULL: the admin's, as every job
 submitted before users existed); version 6 keeps the rounds and each job's latest outlook; version 7
-keeps every accepted hints body (``hints_history``, append-only), for the web view's charts over time.
+keeps every accepted hints body (``hints_history``, append-only), for the web view's charts over time;
+version 8 keeps the objective each round's policy reached (:func:`pollux.policy.base.state_objective`).
 """
 
 from __future__ import annotations
@@ -168,6 +169,11 @@ MIGRATIONS: list[list[MigrationStep]] = [
         )""",
         "CREATE INDEX hints_history_job ON hints_history(job_id, seq)",
         "INSERT INTO hints_history (job_id, time, hints) SELECT job_id, time, hints FROM hints ORDER BY time",
+    ],
+    [
+        # Version 8: the objective the policy reached in each round (NULL for a policy that keeps
+        # none, and for the rounds before the upgrade).
+        "ALTER TABLE rounds ADD COLUMN objective REAL",
     ],
 ]
 #: The schema version this code writes.

@@ -88,10 +88,12 @@ class JobStore(JobTable, TokenTable, UserTable, AllocationTable, HintsTable, Pol
     def apply_round(self, policy: str, policy_state: PolicyState | None,
                     changed: Mapping[str, Mapping[str, int]],
                     now: float | None = None, *, outlook: Iterable[JobOutlook] = (),
-                    duration_s: float = 0.0, jobs: int = 0) -> dict[str, JobRecord]:
+                    duration_s: float = 0.0, jobs: int = 0,
+                    objective: float | None = None) -> dict[str, JobRecord]:
         """Write a scheduling round's result in one transaction: the policy's state, each changed
         job's new allocation (a pending job given GPUs starts: pending → starting), the round itself
-        (``duration_s``: the policy's time; ``jobs`` it saw) and each job's ``outlook``.
+        (``duration_s``: the policy's time; ``jobs`` it saw; the ``objective`` its policy reached) and
+        each job's ``outlook``.
 
         A job no longer scheduled (cancelled, or finished, since the round read the store) is left
         alone. Every allocation is checked before anything is written, so a bad row writes nothing.
@@ -102,7 +104,8 @@ class JobStore(JobTable, TokenTable, UserTable, AllocationTable, HintsTable, Pol
         written: dict[str, JobRecord] = {}
         with self._tx() as conn:
             write_policy_state(conn, policy, policy_state, t)
-            write_round(conn, t, float(duration_s), policy, int(jobs), len(rows))
+            write_round(conn, t, float(duration_s), policy, int(jobs), len(rows),
+                        None if objective is None else float(objective))
             write_outlooks(conn, outlook)
             for job_id, row in rows.items():
                 state = self._row(conn, job_id)["state"]

@@ -1,7 +1,9 @@
 """A job's hints history as points over time: for each accepted hints body (down-sampled by the
 store), its gradient noise scale and what its goodput model chooses on the allocation in force at
 that time — batch size, local batch, accumulation, statistical efficiency, predicted step time and
-goodput — computed by the same code as a round's outlook (:mod:`pollux.cluster.control.outlook`).
+goodput — computed by the same code as a round's outlook (:mod:`pollux.cluster.control.outlook`);
+and, when the agent reported it (hints version 3, ``current``), the step time it measured and the
+goodput that measurement makes, so that a chart sets measured beside predicted.
 
 The web view's charts and the API's ``GET /v1/jobs/{id}/hints/history`` both answer from one
 :class:`HintsPoints`, so a chart holds exactly the points the API gives. A point costs a few
@@ -25,7 +27,7 @@ from pollux.cluster.control.scheduler import job_view
 from pollux.cluster.state.hints_table import HintsEntry
 from pollux.cluster.state.records import JobRecord, ResizeRecord
 from pollux.cluster.state.store import JobStore
-from pollux.hints import HintsError
+from pollux.hints import HintsError, validate_hints
 
 __all__ = ["DEFAULT_POINTS", "HintsPoint", "HintsPoints", "allocation_at", "point_of"]
 
@@ -42,8 +44,12 @@ class HintsPoint:
     ``gpus``/``nodes`` are that allocation's; ``pgns`` is the gradient noise scale at the job's
     initial batch size; the batch configuration, ``efficiency``, ``step_time`` (seconds per optimiser
     step, predicted: ``batch_size × efficiency / goodput``) and ``goodput`` are what the goodput model
-    chooses there (None without GPUs, or for a body that no longer validates). ``measured_step_time``
-    and ``measured_batch_size`` come from the body's optional ``current`` block, when it has one."""
+    chooses there (None without GPUs, or for a body that no longer validates). ``measured_batch_size``
+    comes from the body's optional ``current`` block (hints version 3) when it has one, and
+    ``measured_step_time`` when that block has timed steps too; ``measured_goodput`` is
+    ``measured_batch_size`` × the model's statistical efficiency at that batch /
+    ``measured_step_time``: the goodput the job actually made, weighted by the same statistical
+    efficiency as the prediction, so that the two charts are comparable."""
 
     time: float
     gpus: int
@@ -57,6 +63,7 @@ class HintsPoint:
     goodput: float | None = None
     measured_step_time: float | None = None
     measured_batch_size: float | None = None
+    measured_goodput: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -79,16 +86,19 @@ def point_of(job: JobRecord, entry: HintsEntry, allocation: Mapping[str, int]) -
     """The point of one hints body of ``job`` on ``allocation``."""
     gpus = int(sum(allocation.values()))
     nodes = sum(1 for g in allocation.values() if g > 0)
-    current = entry.hints.get("current")
-    measured = current if isinstance(current, Mapping) else {}
-    base = HintsPoint(time=entry.time, gpus=gpus, nodes=nodes,
-                      measured_step_time=_positive(measured.get("step_time")),
-                      measured_batch_size=_positive(measured.get("batch_size")))
     try:
-        view = job_view(job, entry.hints, entry.time)
+        body = validate_hints(entry.hints)   # a stored version-2 body becomes version 3, no current
+        view = job_view(job, body, entry.time)
     except HintsError:   # a body stored by an older Pollux that no longer validates: time only
-        return base
+        return HintsPoint(time=entry.time, gpus=gpus, nodes=nodes)
     assert view.model is not None
+    measured = body.get("current", {})
+    measured_step_time = _positive(measured.get("step_time"))
+    measured_batch_size = _positive(measured.get("batch_size"))
+    measured_goodput = None
+    if measured_step_time is not None and measured_batch_size is not None:
+        efficiency = float(view.model.efficiency(measured_batch_size))
+        measured_goodput = _positive(measured_batch_size * efficiency / measured_step_time)
     # The round's own computation, for one job on one allocation (a cache of its own: nothing to reuse).
     outlook = OutlookCache().round([view], {job.id: dict(allocation)}, entry.time, {})[job.id]
     pgns = outlook.pgns
@@ -100,8 +110,8 @@ def point_of(job: JobRecord, entry: HintsEntry, allocation: Mapping[str, int]) -
     return HintsPoint(time=entry.time, gpus=gpus, nodes=nodes, pgns=_positive(pgns),
                       batch_size=outlook.batch_size, local_bsz=outlook.local_bsz,
                       accum_steps=outlook.accum_steps, efficiency=outlook.efficiency, step_time=step_time,
-                      goodput=outlook.goodput, measured_step_time=base.measured_step_time,
-                      measured_batch_size=base.measured_batch_size)
+                      goodput=outlook.goodput, measured_step_time=measured_step_time,
+                      measured_batch_size=measured_batch_size, measured_goodput=measured_goodput)
 
 
 class HintsPoints:

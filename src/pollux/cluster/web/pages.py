@@ -153,7 +153,8 @@ def allocation_rows(history: Sequence[ResizeRecord]) -> list[AllocationRow]:
 def job_charts(points: Sequence[HintsPoint], history: Sequence[ResizeRecord], now: float) -> list[Chart]:
     """A job's charts over time: its GPUs (from the allocation history, each held until the next, up
     to ``now``), and from its hints history the batch size, statistical efficiency, gradient noise
-    scale, predicted (and, when the agent reports it, measured) step time and goodput."""
+    scale, predicted step time and goodput — each measured one right after its prediction, when the
+    agent reports measurements (hints version 3), so that the two are read together."""
     gpus = [(r.time, float(sum(r.allocation.values()))) for r in history]
     def series(name: str) -> list[tuple[float, float | None]]:
         return [(p.time, getattr(p, name)) for p in points]
@@ -162,11 +163,13 @@ def job_charts(points: Sequence[HintsPoint], history: Sequence[ResizeRecord], no
               line_chart("batch_size", "Batch size (global)", "", series("batch_size")),
               line_chart("efficiency", "Statistical efficiency", "", series("efficiency")),
               line_chart("pgns", "Gradient noise scale", "", series("pgns")),
-              line_chart("step_time", "Predicted step time", "s", series("step_time")),
-              line_chart("goodput", "Goodput", "ex/s", series("goodput"))]
+              line_chart("step_time", "Predicted step time", "s", series("step_time"))]
     if any(p.measured_step_time is not None for p in points):
-        charts.insert(5, line_chart("measured_step_time", "Measured step time", "s",
-                                    series("measured_step_time")))
+        charts.append(line_chart("measured_step_time", "Measured step time", "s",
+                                 series("measured_step_time")))
+    charts.append(line_chart("goodput", "Goodput", "ex/s", series("goodput")))
+    if any(p.measured_goodput is not None for p in points):
+        charts.append(line_chart("measured_goodput", "Measured goodput", "ex/s", series("measured_goodput")))
     return charts
 
 
@@ -222,9 +225,12 @@ class RoundRow:
     policy: str
     jobs: int
     changed: int
+    objective: str
 
 
 def round_rows(rounds: Sequence[RoundRecord]) -> list[RoundRow]:
-    """The rounds, newest first, with the policy's time in milliseconds."""
+    """The rounds, newest first, with the policy's time in milliseconds and its objective to four
+    significant digits (a dash for a policy that keeps none)."""
     return [RoundRow(r.number, clock_text(r.time), f"{r.duration_s * 1000:.1f} ms", r.policy, r.jobs,
-                     r.changed) for r in reversed(rounds)]
+                     r.changed, "–" if r.objective is None else f"{r.objective:.4g}")
+            for r in reversed(rounds)]
