@@ -139,8 +139,9 @@ def test_every_answer_matches_the_schema(world, method, path, mode):
     real_ids = st.sampled_from([None, *world["ids"]])
     real_file = st.booleans() if positive else st.just(False)
 
-    # Hints bodies (schema v2: optional per-GPU-type entries) pass the checks made in code less often
-    # than other bodies, so that operation gets twice the examples to reach its 200.
+    # Hints bodies (schema v3: optional per-GPU-type entries and the current configuration) pass the
+    # checks made in code less often than other bodies, so that operation gets twice the examples to
+    # reach its 200.
     examples = 2 * EXAMPLES if path.endswith("/hints") else EXAMPLES
     # A negative case breaks one part of the request (path, header or body), and only a broken body
     # reaches the 422 that REFUSED asks for; with 40 cases a run once drew no broken body for

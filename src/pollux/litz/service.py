@@ -47,7 +47,7 @@ POLL_S = 0.5
 
 
 def litz_hints(num_executors: int, task_s: float, workers: int, sync_s: float = 0.002) -> dict[str, Any]:
-    """Hints (schema v2) that let a goodput policy size a Litz job: its global "batch" is one
+    """Hints (without ``current``) that let a goodput policy size a Litz job: its global "batch" is one
     micro-task per executor, fixed (no batch-size scaling, so statistical efficiency is 1), and a
     worker running ``E / W`` of them takes ``task_s`` each — so the job speeds up with workers until
     each has one executor. ``task_s`` is measured by the master (wall time per task per worker)."""
