@@ -23,6 +23,7 @@ import numpy as np
 from pollux.policy.base import Cluster, Policy, to_matrix
 from pollux.policy.registry import ADAPTIVE, ELASTIC, RIGID, policy_info
 from pollux.sim.balance import check_node_speed
+from pollux.sim.fleet import CloudFleet
 from pollux.sim.job import (  # noqa: F401 (re-exported: SimJob used to live here)
     PROFILE_GPUS_PER_NODE,
     REMEASURE_TOLERANCE,
@@ -84,6 +85,9 @@ class SimConfig:
     cluster: Cluster | None = None
     slowdown: tuple[tuple[str, float], ...] = ()
     bootstrap_s: float = 0.0
+    #: Adaptive jobs run their initial batch on every GPU, the batch growing with the GPUs to its
+    #: maximum, instead of the goodput-optimal batch (Or et al.'s autoscaling jobs, issue 36).
+    batch_per_gpu: bool = False
 
     def __post_init__(self) -> None:
         check_node_speed(self.node_speed, self.node_count)
@@ -163,8 +167,14 @@ def simulate(
     workload_name: str = "workload",
     progress: Callable[[str], None] | None = None,
     typed_profiles: dict[str, dict[str, AppProfile]] | None = None,
+    fleet: CloudFleet | None = None,
 ) -> SimResult:
     """Run one workload under one policy to completion; deterministic for a given ``config.seed``.
+
+    ``fleet`` runs it on a simulated cloud (:mod:`pollux.sim.fleet`): the cluster is the fleet's
+    largest, the policy sees only its ready nodes each round, and its autoscaling rule sizes it after
+    every round (the fleet's report holds the node-hours and the sizes); the timeline then has
+    ``nodes_ready`` and ``nodes_held`` too.
 
     On a typed ``config.cluster`` the true speeds come from ``typed_profiles`` (``{app: {type:
     profile}}``, :func:`pollux.sim.typed_profiles.load_typed_profiles`); ``profiles`` then only needs
@@ -173,7 +183,9 @@ def simulate(
     started = time.perf_counter()
     info = policy_info(policy.name)               # ValueError naming the choices if unknown
     kind = info.job_kind
-    cluster = config.make_cluster()
+    if fleet is not None and config.cluster is not None:
+        raise ValueError("a cloud fleet brings its own cluster: leave SimConfig.cluster unset")
+    cluster = config.make_cluster() if fleet is None else fleet.full
     typed = bool(cluster.types)
     if typed and typed_profiles is None:
         raise ValueError(f"workload {workload_name}: a typed cluster needs typed_profiles")
@@ -210,6 +222,8 @@ def simulate(
                                         "running_jobs": [], "efficiency": []}
     if typed:
         timeline.update({f"{TYPE_SERIES}{t}": [] for t in cluster.type_names})
+    if fleet is not None:
+        timeline.update({"nodes_ready": [], "nodes_held": []})
     decide_time = 0.0
     decide_times: list[float] = []
     rounds = 0
@@ -221,14 +235,20 @@ def simulate(
             raise RuntimeError(f"{policy.name} on {workload_name}: jobs still running after "
                                f"{config.max_time:.0f} s of simulated time")
         active = [j for j in pending if j.spec.submit_time <= now]
-        if not active:
+        if not active and fleet is None:
             # Nothing to schedule: jump to the round at or after the next submission.
             nxt = min(j.spec.submit_time for j in pending)
             now = math.ceil(nxt / config.interval) * config.interval
             continue
+        if not active:
+            # A cloud bills its nodes meanwhile: the rule sees an empty queue every round.
+            fleet.after_round([], np.zeros(cluster.num_nodes, dtype=np.int64), now)  # type: ignore[union-attr]
+            now += config.interval
+            continue
         views = [j.view(now, cluster) for j in active]
+        offered = cluster if fleet is None else fleet.offered(now)
         t0 = time.perf_counter()
-        alloc, state = policy.decide(views, cluster, state, now, rng)
+        alloc, state = policy.decide(views, offered, state, now, rng)
         decide_times.append(time.perf_counter() - t0)
         decide_time += decide_times[-1]
         rounds += 1
@@ -236,6 +256,10 @@ def simulate(
         mat = to_matrix(alloc, ids, cluster)
         if np.any(mat.sum(axis=0) > cluster.capacity()):
             raise RuntimeError(f"{policy.name}: allocation exceeds node capacity at t={now:.0f}")
+        if fleet is not None:
+            fleet.after_round([j.view(now, cluster) for j in active], mat.sum(axis=0), now)
+            timeline["nodes_ready"].append(fleet.report.ready[-1])
+            timeline["nodes_held"].append(fleet.report.held[-1])
         for j, row in zip(active, mat, strict=True):
             j.apply(row, config.restart_delay)
         slow = _slowdowns(active, config.interference)
@@ -259,6 +283,8 @@ def simulate(
             progress(f"{policy.name:9s} {workload_name}: t={now / 3600:6.2f} h  done {done}/{len(jobs)}"
                      f"  active {len(active)}  gpus {gpus}")
             next_report = now + 3600.0
+    if fleet is not None:
+        fleet.finish(max((j.completion or 0.0) for j in jobs))
     results = _job_results(jobs, timeline, cluster.type_names if typed else ())
     label = policy.name + (BALANCE_SUFFIX if config.balance else "")
     return SimResult(label, workload_name, config.seed, config, results, timeline,

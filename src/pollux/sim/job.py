@@ -68,6 +68,8 @@ class SimJob:
         self.typed = typed
         #: Speed calibration: step times are multiplied by this factor (Sia's per-application slowdown).
         self.factor = float(config.slowdown_of(spec.application))
+        #: Or et al.'s jobs: the initial batch on every GPU (the batch grows with the GPUs).
+        self.batch_per_gpu = bool(config.batch_per_gpu)
         #: Index (in ``typed.type_names``) of the type that set the last step time: the records' type.
         self.run_type = 0
         self.started = False
@@ -177,6 +179,9 @@ class SimJob:
         if self.kind != ADAPTIVE:
             local_max = int(limits.max_local_bsz or 1) if self.aware else self.meta.max_local_bsz
             cfg = fixed_batch_config(self.spec.batch_size, r, m0, local_max)
+        elif self.batch_per_gpu:
+            top = int(limits.max_batch)
+            cfg = fixed_batch_config(min(m0 * r, top), r, m0, int(limits.max_local))
         else:
             cfg = adaptive_batch_config(self.model(), self.nodes, r, limits, m0,
                                         start_at_max=self.spec.application == "ncf")
