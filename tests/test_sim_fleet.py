@@ -116,3 +116,19 @@ def test_one_job_grows_over_training_on_goodput_and_early_on_throughput(cifar10)
     again, again_fleet = run(cifar10, "goodput")
     assert again_fleet.report.node_seconds == good_fleet.report.node_seconds   # same seed, same run
     assert again.timeline == good.timeline
+
+
+def test_an_empty_queue_gives_nodes_back_at_once(cifar10):
+    """Between two jobs hours apart the cloud holds its minimum: nodes asked for before the queue
+    emptied arrive and go, none is billed through the gap."""
+    cloud = CloudConfig(min_nodes=1, max_nodes=8, provision_delay_s=120.0)
+    fleet = CloudFleet(cloud, make_autoscaler("goodput"))
+    jobs = [WorkloadJob("first", 0.0, "cifar10", 1, 128),
+            WorkloadJob("second", 12 * 3600.0, "cifar10", 1, 128)]
+    result = simulate(jobs, cifar10, make_policy("pollux"), SimConfig(max_replicas=32), "gap", fleet=fleet)
+    first_done = result.jobs[0].completion
+    assert first_done is not None and first_done < 12 * 3600.0
+    gap = [held for t, held in zip(fleet.report.time, fleet.report.held, strict=True)
+           if first_done + 60.0 < t < 12 * 3600.0]
+    assert gap and set(gap) == {1}
+    assert max(fleet.report.held) > 1                  # it had grown while the first job ran

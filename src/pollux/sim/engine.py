@@ -174,7 +174,8 @@ def simulate(
     ``fleet`` runs it on a simulated cloud (:mod:`pollux.sim.fleet`): the cluster is the fleet's
     largest, the policy sees only its ready nodes each round, and its autoscaling rule sizes it after
     every round (the fleet's report holds the node-hours and the sizes); the timeline then has
-    ``nodes_ready`` and ``nodes_held`` too.
+    ``nodes_ready``, ``nodes_held`` and ``batch_size`` (the mean global batch of the running jobs,
+    chosen for the round's allocation; 0 with none) too.
 
     On a typed ``config.cluster`` the true speeds come from ``typed_profiles`` (``{app: {type:
     profile}}``, :func:`pollux.sim.typed_profiles.load_typed_profiles`); ``profiles`` then only needs
@@ -223,7 +224,7 @@ def simulate(
     if typed:
         timeline.update({f"{TYPE_SERIES}{t}": [] for t in cluster.type_names})
     if fleet is not None:
-        timeline.update({"nodes_ready": [], "nodes_held": []})
+        timeline.update({"nodes_ready": [], "nodes_held": [], "batch_size": []})
     decide_time = 0.0
     decide_times: list[float] = []
     rounds = 0
@@ -241,8 +242,11 @@ def simulate(
             now = math.ceil(nxt / config.interval) * config.interval
             continue
         if not active:
-            # A cloud bills its nodes meanwhile: the rule sees an empty queue every round.
-            fleet.after_round([], np.zeros(cluster.num_nodes, dtype=np.int64), now)  # type: ignore[union-attr]
+            # A cloud bills its nodes meanwhile: the rule sees an empty queue every round (and nodes
+            # asked for before the queue emptied arrive as in any round).
+            assert fleet is not None
+            fleet.offered(now)
+            fleet.after_round([], np.zeros(cluster.num_nodes, dtype=np.int64), now)
             now += config.interval
             continue
         views = [j.view(now, cluster) for j in active]
@@ -270,6 +274,9 @@ def simulate(
         timeline["active_jobs"].append(len(active))
         timeline["running_jobs"].append(sum(1 for j in active if j.replicas > 0))
         timeline["efficiency"].append(eff_num / gpus if gpus else 0.0)
+        if fleet is not None:
+            batches = [j.batch for j in active if j.replicas > 0]
+            timeline["batch_size"].append(float(np.mean(batches)) if batches else 0.0)
         if typed:
             by_type = np.bincount(node_type, weights=mat.sum(axis=0), minlength=len(cluster.type_names))
             for t, g in zip(cluster.type_names, by_type.tolist(), strict=True):

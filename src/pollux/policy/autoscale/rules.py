@@ -10,6 +10,8 @@ utility per GPU on ``N`` nodes (:mod:`.utility`; 1 is perfect scaling from one G
   their way and never within ``cooldown_s`` of growing: a node takes ``provision_delay_s`` to come,
   so a shrink right after a grow would pay for it twice;
 * otherwise keep the size: the band between the thresholds is the hysteresis;
+* with no job at all, ``min_nodes`` at once (nodes on their way are cancelled): there is nothing
+  a node could be kept for;
 * and never fewer nodes than give every job one GPU (``ceil(jobs / gpus_per_node)``, within the
   bounds): a job waiting for its first GPU is worth one to the cluster however the rest scale, and
   one job alone on a node of four GPUs would otherwise never reach ``E >= grow_to`` to start.
@@ -76,7 +78,9 @@ class ThresholdRule:
         largest_good = int(good[-1]) if good.size else 0
         current = float(eff[held]) if 0 < held <= fleet.max_nodes else None
         wants = bool(jobs) and largest_good > 0
-        if held == 0 or current is None:
+        if not jobs:
+            target, reason = fleet.min_nodes, "nothing to run"
+        elif held == 0 or current is None:
             target = _clamp(largest_good if wants else fleet.min_nodes, fleet)
             reason = "start" if target > held else "nothing to run"
         elif current > self.grow_above and largest_good > held:
