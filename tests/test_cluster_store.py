@@ -235,15 +235,26 @@ def test_migrates_empty_v0_db_and_refuses_future(tmp_path):
         JobStore(path)
 
 
+def database_at(path, version: int) -> sqlite3.Connection:
+    """A connection to a new database at ``path`` built by the first ``version`` migration steps,
+    as a Pollux of that schema version left it (the caller adds rows, commits and closes)."""
+    from pollux.cluster.state.store import MIGRATIONS
+    conn = sqlite3.connect(path)
+    for steps in MIGRATIONS[:version]:
+        for step in steps:
+            if callable(step):
+                step(conn)
+            else:
+                conn.execute(step)
+    conn.execute("CREATE TABLE schema_version (version INTEGER NOT NULL)")
+    conn.execute("INSERT INTO schema_version VALUES (?)", (version,))
+    return conn
+
+
 def test_migrates_a_v1_database_keeping_its_jobs(tmp_path):
     """A store written by schema version 1 (before failures were counted) opens with its jobs intact."""
-    from pollux.cluster.state.store import MIGRATIONS
     path = tmp_path / "v1.db"
-    conn = sqlite3.connect(path)
-    for statement in MIGRATIONS[0]:
-        conn.execute(statement)
-    conn.execute("CREATE TABLE schema_version (version INTEGER NOT NULL)")
-    conn.execute("INSERT INTO schema_version VALUES (1)")
+    conn = database_at(path, 1)
     conn.execute("INSERT INTO jobs (id, name, spec, state, token, submit_time, restarts) "
                  "VALUES ('old', 'old', ?, 'running', 't', 1.0, 2)", (json.dumps(SPEC),))
     conn.commit()
@@ -259,17 +270,8 @@ def test_migrates_a_v1_database_keeping_its_jobs(tmp_path):
 def test_a_v4_database_gains_users_keeping_its_jobs_as_the_admins(tmp_path):
     """A state folder from before users (schema version 4) upgrades in place: every job stays, owned
     by the admin, its token still its own, and users can be added."""
-    from pollux.cluster.state.store import MIGRATIONS
     path = tmp_path / "v4.db"
-    conn = sqlite3.connect(path)
-    for version in MIGRATIONS[:4]:
-        for step in version:
-            if callable(step):
-                step(conn)
-            else:
-                conn.execute(step)
-    conn.execute("CREATE TABLE schema_version (version INTEGER NOT NULL)")
-    conn.execute("INSERT INTO schema_version VALUES (4)")
+    conn = database_at(path, 4)
     conn.execute("INSERT INTO jobs (id, name, spec, state, token_hash, submit_time) "
                  "VALUES ('old', 'old', ?, 'running', ?, 1.0)", (json.dumps(SPEC), hash_token("t")))
     conn.commit()
@@ -419,13 +421,8 @@ def test_tokens_are_stored_only_as_hashes(tmp_path):
 def test_migrates_plain_tokens_of_a_v2_database_to_hashes(tmp_path):
     """A store written by schema version 2 (plain tokens) opens with every token hashed, the jobs
     intact, an index for finding a job by token, and no plain token left anywhere in the file."""
-    from pollux.cluster.state.store import MIGRATIONS
     path = tmp_path / "v2.db"
-    conn = sqlite3.connect(path)
-    for statement in [*MIGRATIONS[0], *MIGRATIONS[1]]:
-        conn.execute(statement)
-    conn.execute("CREATE TABLE schema_version (version INTEGER NOT NULL)")
-    conn.execute("INSERT INTO schema_version VALUES (2)")
+    conn = database_at(path, 2)
     plain = {f"old{i}": f"plain-token-{i:03d}-" + "x" * 30 for i in range(40)}
     for jid, token in plain.items():
         conn.execute("INSERT INTO jobs (id, name, spec, state, token, submit_time) "
@@ -518,17 +515,8 @@ def test_a_row_whose_spec_no_longer_validates_does_not_break_listing(tmp_path):
 def test_a_v7_database_keeps_its_rounds_and_gains_their_objective(tmp_path):
     """Schema version 8 adds each round's objective: rounds written before read as None, rounds
     written after keep the objective given, and a round without one stays None."""
-    from pollux.cluster.state.store import MIGRATIONS
     path = tmp_path / "v7.db"
-    conn = sqlite3.connect(path)
-    for version in MIGRATIONS[:7]:
-        for step in version:
-            if callable(step):
-                step(conn)
-            else:
-                conn.execute(step)
-    conn.execute("CREATE TABLE schema_version (version INTEGER NOT NULL)")
-    conn.execute("INSERT INTO schema_version VALUES (7)")
+    conn = database_at(path, 7)
     conn.execute("INSERT INTO rounds (time, duration_s, policy, jobs, changed) "
                  "VALUES (5.0, 0.1, 'pollux', 2, 1)")
     conn.commit()
