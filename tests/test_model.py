@@ -180,6 +180,20 @@ def test_optimize_scalar_and_vectorised_shapes():
     assert np.array_equal(again.goodput, plan.goodput)
 
 
+def test_measured_goodput_of_a_predicted_step_is_the_predicted_goodput():
+    """Timed steps weigh by the same efficiency as the model: given the model's own step time for a
+    configuration, measured goodput equals :meth:`GoodputModel.goodput` there; twice as slow, half."""
+    model, _ = CASES[0]
+    nodes, replicas, local, accum = 2, 8, 64, 1
+    batch = replicas * local * (accum + 1)
+    step = t_iter(model.throughput_params, nodes, replicas, local, accum)
+    predicted = float(model.goodput(nodes, replicas, local, accum))
+    assert float(model.measured_goodput(batch, step)) == pytest.approx(predicted, rel=1e-12)
+    assert float(model.measured_goodput(batch, 2 * step)) == pytest.approx(predicted / 2, rel=1e-12)
+    assert float(model.measured_goodput(batch, step)) == pytest.approx(
+        batch / step * ref_efficiency(model, batch), rel=1e-12)
+
+
 def test_single_replica_above_m0_uses_accumulation():
     model, lim = CASES[0]
     plan = optimize(model, 1, 1, lim)

@@ -119,6 +119,13 @@ class GoodputModel:
         batch = k * m * (s + 1.0)
         return self.throughput(nodes, replicas, m, s) * self.efficiency(batch)
 
+    def measured_goodput(self, batch_size: ArrayLike, step_time: ArrayLike) -> np.ndarray:
+        """The goodput of steps that were timed rather than predicted: ``batch_size`` examples per
+        ``step_time`` seconds, weighted by the statistical efficiency at that batch, so that it
+        compares with :meth:`goodput` of the same configuration."""
+        batch = np.asarray(batch_size, dtype=np.float64)
+        return batch / np.asarray(step_time, dtype=np.float64) * self.efficiency(batch)
+
     def optimize(self, nodes: ArrayLike, replicas: ArrayLike, limits: BatchLimits) -> BatchPlan:
         """Best goodput and its (M, m, s) for every (nodes, replicas) pair, all at once."""
         return optimize(self, nodes, replicas, limits)

@@ -27,7 +27,7 @@ from pollux.cluster.control.scheduler import job_view
 from pollux.cluster.state.hints_table import HintsEntry
 from pollux.cluster.state.records import JobRecord, ResizeRecord
 from pollux.cluster.state.store import JobStore
-from pollux.hints import HintsError, validate_hints
+from pollux.hints import HintsError
 
 __all__ = ["DEFAULT_POINTS", "HintsPoint", "HintsPoints", "allocation_at", "point_of"]
 
@@ -87,18 +87,17 @@ def point_of(job: JobRecord, entry: HintsEntry, allocation: Mapping[str, int]) -
     gpus = int(sum(allocation.values()))
     nodes = sum(1 for g in allocation.values() if g > 0)
     try:
-        body = validate_hints(entry.hints)   # a stored version-2 body becomes version 3, no current
-        view = job_view(job, body, entry.time)
+        view = job_view(job, entry.hints, entry.time)   # validates the body (an older version too)
     except HintsError:   # a body stored by an older Pollux that no longer validates: time only
         return HintsPoint(time=entry.time, gpus=gpus, nodes=nodes)
     assert view.model is not None
-    measured = body.get("current", {})
+    measured = entry.hints.get("current") or {}   # valid now; absent before version 3
     measured_step_time = _positive(measured.get("step_time"))
     measured_batch_size = _positive(measured.get("batch_size"))
     measured_goodput = None
     if measured_step_time is not None and measured_batch_size is not None:
-        efficiency = float(view.model.efficiency(measured_batch_size))
-        measured_goodput = _positive(measured_batch_size * efficiency / measured_step_time)
+        measured_goodput = _positive(float(view.model.measured_goodput(measured_batch_size,
+                                                                       measured_step_time)))
     # The round's own computation, for one job on one allocation (a cache of its own: nothing to reuse).
     outlook = OutlookCache().round([view], {job.id: dict(allocation)}, entry.time, {})[job.id]
     pgns = outlook.pgns
