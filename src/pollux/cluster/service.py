@@ -51,7 +51,6 @@ from typing import Any
 from pollux.cluster.api.listener import api_socket
 from pollux.cluster.backends.rayhost import write_json_atomic
 from pollux.cluster.control.controller import Controller, ControllerConfig
-from pollux.cluster.control.round_gate import RoundGate
 from pollux.cluster.control.scheduler import Scheduler
 from pollux.cluster.state.folder import (
     SERVICE_LOCK,
@@ -240,7 +239,7 @@ def _serve(args: argparse.Namespace, state: Path) -> int:
                               stop_grace_s=args.stop_grace, max_retries=args.max_retries, python=args.python,
                               run_as=args.run_as)
     try:
-        controller = Controller(store, backend, scheduler, config, round_gate=RoundGate())
+        controller = Controller(store, backend, scheduler, config)
     except ValueError as exc:
         logger.error("%s", exc)
         return 1

@@ -261,7 +261,7 @@ def simulate(
         if np.any(mat.sum(axis=0) > cluster.capacity()):
             raise RuntimeError(f"{policy.name}: allocation exceeds node capacity at t={now:.0f}")
         if fleet is not None:
-            fleet.after_round([j.view(now, cluster) for j in active], mat.sum(axis=0), now)
+            fleet.after_round(views, mat.sum(axis=0), now)
             timeline["nodes_ready"].append(fleet.report.ready[-1])
             timeline["nodes_held"].append(fleet.report.held[-1])
         for j, row in zip(active, mat, strict=True):

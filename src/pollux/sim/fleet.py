@@ -98,10 +98,8 @@ class CloudFleet:
         self.full = config.cluster()
         self.status = [self.ABSENT] * config.max_nodes
         self.arrives = [math.inf] * config.max_nodes
-        self.asked = [math.nan] * config.max_nodes
         for i in range(config.start_nodes):
             self.status[i] = self.READY
-            self.asked[i] = 0.0
             self.arrives[i] = 0.0
         self.state: AutoscaleState | None = None
         self.report = FleetReport(price_per_node_hour=config.price_per_node_hour)
@@ -148,7 +146,6 @@ class CloudFleet:
             for i, s in enumerate(self.status):
                 if grow and s == self.ABSENT:
                     self.status[i] = self.PENDING
-                    self.asked[i] = now
                     self.arrives[i] = now + self.config.provision_delay_s
                     grow -= 1
         elif decision.target < held:

@@ -164,7 +164,7 @@ def create_app(store: JobStore, admin_token: str, *, log_dir: Path | None = None
     state folder, lets a job's detail name where its TensorBoard event files go (``tensorboard_dir``).
     ``wait_for_round``, if given, blocks while a scheduling round runs (the controller's
     ``round_gate.wait_quiet``, :mod:`pollux.cluster.control.round_gate`): the web view's pages and
-    ``/metrics`` call it before they read the store, so a round never shares the process with them.
+    ``/metrics`` call it before they read the store, so that they do not render while a round runs.
     """
     if not isinstance(admin_token, str) or not admin_token:
         raise ValueError("admin_token: expected a non-empty string")

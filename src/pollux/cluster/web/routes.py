@@ -88,7 +88,7 @@ def web_router(store: JobStore, viewer_of: ViewerLookup, points: HintsPoints, *,
                log_dir: Path | None = None,
                cluster_info: Callable[[], Mapping[str, Any]] | None = None,
                node_types: Callable[[], Mapping[str, str]] = dict,
-               wait_for_round: Callable[[], object] = lambda: True) -> APIRouter:
+               wait_for_round: Callable[[], object]) -> APIRouter:
     """The web view's routes over ``store`` (see the module docstring). ``viewer_of`` names the
     viewer of a token (the API's rules); ``points`` computes hints histories (shared with the API);
     ``log_dir`` resolves relative replica log paths; ``cluster_info`` and ``node_types`` are the

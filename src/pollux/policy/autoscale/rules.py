@@ -77,18 +77,14 @@ class ThresholdRule:
         good = np.flatnonzero(eff >= self.grow_to)
         largest_good = int(good[-1]) if good.size else 0
         current = float(eff[held]) if 0 < held <= fleet.max_nodes else None
-        wants = bool(jobs) and largest_good > 0
         if not jobs:
             target, reason = fleet.min_nodes, "nothing to run"
-        elif held == 0 or current is None:
-            target = _clamp(largest_good if wants else fleet.min_nodes, fleet)
-            reason = "start" if target > held else "nothing to run"
+        elif current is None:
+            target, reason = largest_good, "start"
         elif current > self.grow_above and largest_good > held:
-            target = _clamp(largest_good, fleet)
-            reason = f"utility per GPU {current:.2f} > {self.grow_above:.2f}"
+            target, reason = largest_good, f"utility per GPU {current:.2f} > {self.grow_above:.2f}"
         elif current < self.shrink_below and fleet.pending == 0 and now - grown_at >= self.cooldown_s:
-            target = _clamp(largest_good, fleet)
-            reason = f"utility per GPU {current:.2f} < {self.shrink_below:.2f}"
+            target, reason = largest_good, f"utility per GPU {current:.2f} < {self.shrink_below:.2f}"
         else:
             target, reason = held, "within the band"
         floor = -(-len(jobs) // fleet.gpus_per_node)
