@@ -430,7 +430,7 @@ def test_a_round_reports_and_writes_the_objective_its_policy_reached(store, tmp_
     controller(store, sched, tmp_path).run_round(100.0)
     result = sched.last_result
     assert result is not None and result.policy_state is not None
-    assert result.objective == result.policy_state["fitness"] == state_objective(result.policy_state)
+    assert result.objective == result.policy_state["objective"] == state_objective(result.policy_state)
     assert result.objective is not None and result.objective > 0
     assert [(r.policy, r.objective) for r in store.rounds()] == [("pollux", result.objective)]
     assert Scheduler(store, policy_name="fifo").decide(110.0, CLUSTER).objective is None

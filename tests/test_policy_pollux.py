@@ -382,7 +382,7 @@ def test_scaling_job_gets_more_gpus() -> None:
         out, state = decide(policy, jobs, cluster, {})
         assert out == {"lin": {"node-0": 3}, "flat": {"node-0": 1}}, p
         prob_p = policy.problem(jobs, cluster)
-        assert state["fitness"] == pytest.approx(prob_p.fitness(to_matrix(out, prob_p.job_ids, cluster)))
+        assert state["objective"] == pytest.approx(prob_p.fitness(to_matrix(out, prob_p.job_ids, cluster)))
 
 
 def test_fitness_matches_formula() -> None:

@@ -126,7 +126,7 @@ class PolluxPolicy:
         prob = self.problem(jobs, cluster)
         if prob.num_jobs == 0 or prob.num_nodes == 0:
             out_state = prob.encode(np.zeros((prob.num_jobs, 0, prob.num_nodes), dtype=np.float32))
-            out_state.update(fitness=1.0, objective=1.0, generations=0, search="none")
+            out_state.update(objective=1.0, generations=0, search="none")
             return {}, encode_state(out_state)
         cells = prob.num_jobs * prob.num_nodes
         dense = self.population * cells <= self.dense_limit
@@ -157,8 +157,8 @@ class PolluxPolicy:
             best = prob.repair_one(best)
             search += "+repair"
         out_state = prob.encode(pop)
-        fitness = prob.fitness(best)
-        out_state.update(fitness=fitness, objective=fitness, generations=int(gens), search=search)
+        # The objective is the fitness of the allocation chosen (pollux.policy.base.state_objective).
+        out_state.update(objective=prob.fitness(best), generations=int(gens), search=search)
         return prob.to_allocation(best), encode_state(out_state)
 
     def _greedy_search(self, prob: PolluxProblem, current: np.ndarray, carried: np.ndarray, dense: bool,
