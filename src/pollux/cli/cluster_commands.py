@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pollux.cli.errors import CliError
+from pollux.cli.fleet_text import fleet_lines, fleet_nodes
 from pollux.cli.formatting import (
     JOB_STATES,
     TERMINAL_STATES,
@@ -76,7 +77,8 @@ def cmd_server_start(args: argparse.Namespace) -> int:
     info = server.start(Path(args.state_dir), ray_address=args.ray_address, local_nodes=args.local_nodes,
                         gpus_per_node=args.gpus_per_node, policy=args.policy, interval_s=args.interval,
                         port=args.port, stop_grace_s=args.stop_grace, max_retries=args.max_retries,
-                        seed=args.seed, timeout_s=args.timeout, run_as=args.run_as, progress=_say)
+                        seed=args.seed, timeout_s=args.timeout, run_as=args.run_as, progress=_say,
+                        autoscale=autoscale_of(args))
     if args.json:
         _print_json(info.to_dict())
         return 0
@@ -91,6 +93,24 @@ def cmd_server_start(args: argparse.Namespace) -> int:
     if info.run_as:
         print(f"  replicas run  as {escape(info.run_as)}")
     return 0
+
+
+def autoscale_of(args: argparse.Namespace) -> Any:
+    """The :class:`pollux.cluster.server.Autoscale` that ``--autoscale`` asks for, or None."""
+    from pollux.cluster import server
+
+    if args.autoscale is None:
+        return None
+    if isinstance(args.local_nodes, str):
+        raise CliError("--autoscale adds untyped nodes of --gpus-per-node GPUs: leave typed "
+                       "--local-nodes out")
+    autoscale = server.Autoscale(bounds=args.autoscale, rule=args.autoscale_rule,
+                                 options=tuple(args.autoscale_option), provision_delay_s=args.provision_delay)
+    try:
+        autoscale.check()
+    except ValueError as exc:
+        raise CliError(str(exc)) from None
+    return autoscale
 
 
 def cmd_server_stop(args: argparse.Namespace) -> int:
@@ -191,9 +211,10 @@ def cmd_nodes(args: argparse.Namespace) -> int:
     with _client(args) as client:
         cluster = client.cluster()
     if args.json:
-        _print_json(cluster.get("nodes") or [])
-    else:
-        print(nodes_text(cluster, terminal=is_terminal(sys.stdout)))
+        _print_json(fleet_nodes(cluster) if cluster.get("fleet") else cluster.get("nodes") or [])
+        return 0
+    terminal = is_terminal(sys.stdout)
+    print("\n".join([nodes_text(cluster, terminal=terminal), *fleet_lines(cluster, terminal=terminal)]))
     return 0
 
 
@@ -300,6 +321,16 @@ def add_cluster_commands(sub: Any) -> None:
                    help="give up if the service does not answer within S seconds (default 180)")
     s.add_argument("--run-as", metavar="USER",
                    help="run the replicas as this unprivileged OS user (the service must run as root)")
+    s.add_argument("--autoscale", metavar="MIN:MAX",
+                   help="size the cluster between MIN and MAX nodes of --gpus-per-node GPUs with an "
+                        "autoscaling rule (embedded: virtual nodes come and go; with --ray-address: "
+                        "Ray's autoscaler is asked); see docs/autoscaling.md")
+    s.add_argument("--autoscale-rule", default="goodput", metavar="RULE",
+                   help="goodput (default), throughput or fixed")
+    s.add_argument("--autoscale-option", action="append", default=[], metavar="KEY=VALUE",
+                   help="an option of the rule, e.g. cooldown_s=300 (repeatable)")
+    s.add_argument("--provision-delay", type=nonnegative_float, default=0.0, metavar="S",
+                   help="seconds a new node takes to come, as the rule is told (default 0)")
     command(s, cmd_server_start)
 
     s = ssub.add_parser("stop", parents=[common, as_json], help="stop the service",
@@ -355,7 +386,11 @@ def add_cluster_commands(sub: Any) -> None:
 
     p = sub.add_parser("nodes", parents=[common, as_json], help="list the cluster's nodes and GPU types",
                        description="The alive nodes the service schedules on: name, GPU type ('-' if "
-                                   "untyped), GPU slots and address, then GPUs per type.")
+                                   "untyped), GPU slots and address, then GPUs per type. With "
+                                   "`server start --autoscale`, also the nodes pending (asked for, not "
+                                   "here yet), draining (jobs being moved off) and leaving (empty, let "
+                                   "go), and the autoscaler's last decision; --json then gives each "
+                                   "node a state.")
     command(p, cmd_nodes)
 
     p = sub.add_parser("describe", parents=[common, as_json], help="show one job in detail",

@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from pollux.cluster.backends.embedded_nodes import WANTED_FILE
 from pollux.cluster.backends.processes import pid_alive, stop_pid
 from pollux.cluster.backends.rayhost import sweep_cluster
 from pollux.cluster.state.folder import (
@@ -49,8 +50,8 @@ from pollux.cluster.state.folder import (
 from pollux.policy.clusterspec import parse_cluster
 from pollux.raylink import LOOPBACK_ENV
 
-__all__ = ["ServerError", "ServerInfo", "connect", "default_state_dir", "spawn_rayhost", "start", "status",
-           "stop"]
+__all__ = ["Autoscale", "ServerError", "ServerInfo", "connect", "default_state_dir", "spawn_rayhost", "start",
+           "status", "stop"]
 
 #: Where the server keeps its state unless told otherwise (``--state-dir`` or ``$POLLUX_STATE_DIR``).
 STATE_ENV = "POLLUX_STATE_DIR"
@@ -73,6 +74,40 @@ class ServerInfo:
     def to_dict(self) -> dict[str, Any]:
         return {"state_dir": str(self.state_dir), "url": self.url, "service_pid": self.service_pid,
                 "rayhost_pid": self.rayhost_pid, "ray_address": self.ray_address, "run_as": self.run_as}
+
+
+@dataclass(frozen=True)
+class Autoscale:
+    """``pollux server start --autoscale``: the bounds ``"MIN:MAX"``, the rule and its options
+    (``KEY=VALUE`` strings), and the seconds a node takes to come (told to the rule)."""
+
+    bounds: str
+    rule: str = "goodput"
+    options: tuple[str, ...] = ()
+    provision_delay_s: float = 0.0
+
+    def check(self) -> None:
+        """Raise ValueError naming the option that is wrong; the service would refuse it too."""
+        from pollux.cluster.control.fleet import parse_bounds, parse_options
+        from pollux.policy.autoscale import autoscaler_names
+
+        parse_bounds(self.bounds)
+        parse_options(self.options)
+        if self.rule not in autoscaler_names():
+            raise ValueError(f"--autoscale-rule: unknown rule {self.rule!r} "
+                             f"(one of {', '.join(autoscaler_names())})")
+        if not self.provision_delay_s >= 0:
+            raise ValueError(f"--provision-delay: must be >= 0, got {self.provision_delay_s}")
+
+    def service_args(self, gpus_per_node: int, wanted: Path | None) -> list[str]:
+        """The service's command-line options for this autoscaling."""
+        argv = ["--autoscale", self.bounds, "--autoscale-rule", self.rule, "--gpus-per-node",
+                str(gpus_per_node), "--provision-delay", str(self.provision_delay_s)]
+        for option in self.options:
+            argv += ["--autoscale-option", option]
+        if wanted is not None:
+            argv += ["--nodes-wanted", str(wanted)]
+        return argv
 
 
 def default_state_dir() -> Path:
@@ -119,14 +154,16 @@ def _wait_for(path: Path, proc: subprocess.Popen, timeout_s: float, what: str, l
 
 
 def spawn_rayhost(state_dir: Path, nodes: int | str, gpus_per_node: int, timeout_s: float = 180.0,
-                  on_spawn: Any = None, env: dict[str, str] | None = None) -> tuple[subprocess.Popen, str]:
+                  on_spawn: Any = None, env: dict[str, str] | None = None,
+                  wanted: Path | None = None) -> tuple[subprocess.Popen, str]:
     """Start an embedded Ray cluster's host process; returns it and the cluster's address.
 
     ``nodes`` is a count of untyped nodes of ``gpus_per_node`` slots, or a typed cluster string
     (``"t4:2x2,a100:1x2"``, whose GPU counts replace ``gpus_per_node``).
 
     Its output goes to ``state_dir/rayhost.log`` and its address to ``state_dir/ray.json``; ``env``
-    is added to its environment (Ray's token authentication). Stop it with
+    is added to its environment (Ray's token authentication). With ``wanted`` (an autoscaled
+    cluster) the worker nodes are the ones that file lists and ``nodes`` is ignored. Stop it with
     :func:`pollux.cluster.backends.processes.stop_pid` (SIGTERM
     shuts the cluster down).
     """
@@ -134,6 +171,8 @@ def spawn_rayhost(state_dir: Path, nodes: int | str, gpus_per_node: int, timeout
     (state / "ray.json").unlink(missing_ok=True)
     log = state / "rayhost.log"
     shape = ["--cluster", nodes] if isinstance(nodes, str) else ["--nodes", str(nodes)]
+    if wanted is not None:
+        shape = ["--wanted", str(wanted)]
     host = _spawn([sys.executable, "-m", "pollux.cluster.backends.rayhost", "--info", str(state / "ray.json"),
                    *shape, "--gpus-per-node", str(gpus_per_node)], log,
                   {**os.environ, **LOOPBACK_ENV, **(env or {})})
@@ -166,13 +205,16 @@ def _running_service(state: Path) -> tuple[int, str | None] | None:
 def start(state_dir: Path, *, ray_address: str | None = None, local_nodes: int | str = 4,
           gpus_per_node: int = 2, policy: str = "pollux", interval_s: float = 60.0, port: int = 0,
           stop_grace_s: float = 60.0, max_retries: int = 3, seed: int = 0, timeout_s: float = 180.0,
-          run_as: str | None = None, progress: Any = None) -> ServerInfo:
+          run_as: str | None = None, progress: Any = None, autoscale: Autoscale | None = None) -> ServerInfo:
     """Start the server (or only its service, if the Ray host is still up); returns where it listens.
 
     ``local_nodes`` is the embedded cluster's node count (untyped nodes of ``gpus_per_node`` slots)
     or a typed cluster string such as ``"t4:2x2,a100:1x2"`` (``parse_cluster``; a bad one raises
     :class:`ServerError` naming ``--local-nodes``). ``run_as`` runs the replicas as that OS user (the
-    caller must be root). Raises :class:`ServerError`, having started nothing or stopped what it
+    caller must be root). ``autoscale`` sizes the cluster with a rule (:class:`Autoscale`): the
+    embedded cluster then starts with a head without GPUs and worker nodes of ``gpus_per_node``
+    slots come and go as the service asks (``local_nodes`` is ignored); with ``ray_address`` the
+    service asks Ray's own autoscaler. Raises :class:`ServerError`, having started nothing or stopped what it
     started, if the folder is busy (another start, a live service), its job store is damaged, or a
     process does not come up.
     """
@@ -181,6 +223,11 @@ def start(state_dir: Path, *, ray_address: str | None = None, local_nodes: int |
         check_run_as(run_as)
         if isinstance(local_nodes, str):
             parse_cluster(local_nodes, where="--local-nodes")
+            if autoscale is not None:
+                raise ValueError("--autoscale adds untyped nodes of --gpus-per-node GPUs: leave typed "
+                                 "--local-nodes out")
+        if autoscale is not None:
+            autoscale.check()
     except ValueError as exc:
         raise ServerError(str(exc)) from None
     state = Path(state_dir).resolve()
@@ -196,12 +243,12 @@ def start(state_dir: Path, *, ray_address: str | None = None, local_nodes: int |
         return _start_locked(state, ray_address=ray_address, local_nodes=local_nodes,
                              gpus_per_node=gpus_per_node, policy=policy, interval_s=interval_s, port=port,
                              stop_grace_s=stop_grace_s, max_retries=max_retries, seed=seed,
-                             timeout_s=timeout_s, run_as=run_as, say=say)
+                             timeout_s=timeout_s, run_as=run_as, say=say, autoscale=autoscale)
 
 
 def _start_locked(state: Path, *, ray_address: str | None, local_nodes: int | str, gpus_per_node: int,
                   policy: str, interval_s: float, port: int, stop_grace_s: float, max_retries: int, seed: int,
-                  timeout_s: float, run_as: str | None, say: Any) -> ServerInfo:
+                  timeout_s: float, run_as: str | None, say: Any, autoscale: Autoscale | None) -> ServerInfo:
     running = _running_service(state)
     if running is not None:
         where = f", {running[1]}" if running[1] else ""
@@ -231,7 +278,8 @@ def _start_locked(state: Path, *, ray_address: str | None, local_nodes: int | st
     address = ray_address
     if embedded and rayhost_pid is not None:
         ray_info = read_json(state / "ray.json") or {}
-        if ray_info.get("pid") == rayhost_pid and ray_info.get("address"):
+        same_shape = bool(ray_info.get("wanted")) == (autoscale is not None)   # fixed or autoscaled
+        if ray_info.get("pid") == rayhost_pid and ray_info.get("address") and same_shape:
             from pollux.cluster.backends.rayhost import gcs_listening
             if gcs_listening(ray_info["address"]) is None:
                 address = ray_info["address"]
@@ -241,7 +289,7 @@ def _start_locked(state: Path, *, ray_address: str | None, local_nodes: int | st
     try:
         if rayhost_pid is not None and (address is None or not embedded):
             say(f"stopping the earlier embedded Ray cluster (PID {rayhost_pid})"
-                + (": it does not answer" if embedded else ""))
+                + (": it does not answer or is not autoscaled as asked" if embedded else ""))
             stop_pid(rayhost_pid, 30)
             sweep_cluster(state, rayhost_pid)
             rayhost_pid = None
@@ -249,6 +297,8 @@ def _start_locked(state: Path, *, ray_address: str | None, local_nodes: int | st
             (state / "ray.json").unlink(missing_ok=True)
             shape = (f"{local_nodes} node(s) x {gpus_per_node} GPU slot(s)" if isinstance(local_nodes, int)
                      else f"typed nodes {local_nodes}")
+            if autoscale is not None:
+                shape = f"autoscaled, {autoscale.bounds} node(s) x {gpus_per_node} GPU slot(s)"
             say(f"starting an embedded Ray cluster: {shape}")
 
             def record(pid: int) -> None:
@@ -256,8 +306,9 @@ def _start_locked(state: Path, *, ray_address: str | None, local_nodes: int | st
                 spawned = pid
                 _write_server_json(state, {"rayhost_pid": pid, "embedded": True})
 
+            wanted = state / WANTED_FILE if autoscale is not None else None
             host, address = spawn_rayhost(state, local_nodes, gpus_per_node, timeout_s, on_spawn=record,
-                                          env=auth)
+                                          env=auth, wanted=wanted)
             rayhost_pid = host.pid
         (state / "service.json").unlink(missing_ok=True)
         say(f"starting the service (policy {policy}, rounds every {interval_s:g} s"
@@ -271,6 +322,8 @@ def _start_locked(state: Path, *, ray_address: str | None, local_nodes: int | st
             argv += ["--run-as", run_as]
         if embedded and rayhost_pid is not None:
             argv += ["--rayhost-pid", str(rayhost_pid)]
+        if autoscale is not None:
+            argv += autoscale.service_args(gpus_per_node, state / WANTED_FILE if embedded else None)
         service = _spawn(argv, log, env)
         record_ = {"rayhost_pid": rayhost_pid, "embedded": embedded, "service_pid": service.pid,
                    "ray_address": address, "run_as": run_as}

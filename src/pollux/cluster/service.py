@@ -49,8 +49,16 @@ from pathlib import Path
 from typing import Any
 
 from pollux.cluster.api.listener import api_socket
+from pollux.cluster.backends.nodes_api import NodeProvider, ProviderError
 from pollux.cluster.backends.rayhost import write_json_atomic
 from pollux.cluster.control.controller import Controller, ControllerConfig
+from pollux.cluster.control.fleet import (
+    FLEET_RECORD,
+    AutoscaleConfig,
+    FleetScaler,
+    parse_bounds,
+    parse_options,
+)
 from pollux.cluster.control.scheduler import Scheduler
 from pollux.cluster.state.folder import (
     SERVICE_LOCK,
@@ -65,6 +73,7 @@ from pollux.cluster.state.folder import (
 from pollux.cluster.state.lifecycle import ACTIVE_STATES, JobState
 from pollux.cluster.state.store import JobStore
 from pollux.contract import LOG_FORMAT
+from pollux.policy.autoscale import autoscaler_names, make_autoscaler
 from pollux.policy.registry import policy_names
 
 logger = logging.getLogger("pollux.cluster")
@@ -103,7 +112,30 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="PID of the embedded cluster's Ray host: the service stops when it dies")
     p.add_argument("--ray-check", type=float, default=5.0, metavar="S",
                    help="seconds between health checks of the Ray GCS (default 5)")
+    p.add_argument("--autoscale", metavar="MIN:MAX",
+                   help="size the cluster between MIN and MAX nodes with an autoscaling rule")
+    p.add_argument("--autoscale-rule", default="goodput", choices=autoscaler_names(),
+                   help="the rule that sizes the cluster (default goodput)")
+    p.add_argument("--autoscale-option", action="append", default=[], metavar="KEY=VALUE",
+                   help="an option of the rule (e.g. cooldown_s=300); may be repeated")
+    p.add_argument("--nodes-wanted", type=Path, metavar="FILE",
+                   help="autoscale the embedded cluster: the Ray host follows the nodes FILE lists "
+                        "(without it, Ray's own autoscaler is asked through its SDK)")
+    p.add_argument("--gpus-per-node", type=int, default=None, metavar="G",
+                   help="GPUs of each node the autoscaler adds (required with --autoscale)")
+    p.add_argument("--provision-delay", type=float, default=0.0, metavar="S",
+                   help="seconds a new node takes to come, as the rule is told (default 0)")
     args = p.parse_args(argv)
+    if args.autoscale is not None:
+        try:
+            args.bounds = parse_bounds(args.autoscale)
+            args.rule_options = parse_options(args.autoscale_option, "--autoscale-option")
+        except ValueError as exc:
+            p.error(str(exc))
+        if args.gpus_per_node is None or args.gpus_per_node < 1:
+            p.error("--autoscale needs --gpus-per-node G >= 1 (the GPUs of each node it adds)")
+        if not args.provision_delay >= 0:
+            p.error("--provision-delay: must be >= 0")
     for name in ("interval", "tick", "stop_grace", "ray_check"):
         if not getattr(args, name) > 0:
             p.error(f"--{name.replace('_', '-')}: must be > 0")
@@ -153,6 +185,33 @@ class RayWatch:
             return None
         self.failures = 0
         return None
+
+
+def make_fleet(args: argparse.Namespace, state: Path) -> FleetScaler | None:
+    """The autoscaler ``--autoscale`` asks for (None without it): the embedded Ray host's nodes with
+    ``--nodes-wanted``, else Ray's own autoscaler; raises ValueError for bad rule options."""
+    if args.autoscale is None:
+        return None
+    low, high = args.bounds
+    config = AutoscaleConfig(min_nodes=low, max_nodes=high, gpus_per_node=args.gpus_per_node,
+                             rule=args.autoscale_rule, options=args.rule_options,
+                             provision_delay_s=args.provision_delay)
+    try:
+        rule = make_autoscaler(config.rule, **dict(config.options))
+    except TypeError as exc:   # an option the rule does not take
+        raise ValueError(f"--autoscale-option: the {config.rule} rule: {exc}") from None
+    provider: NodeProvider
+    if args.nodes_wanted is not None:
+        from pollux.cluster.backends.embedded_nodes import EmbeddedNodes
+
+        provider = EmbeddedNodes(args.nodes_wanted, args.gpus_per_node)
+    else:
+        from pollux.cluster.backends.ray_autoscaler_nodes import RayAutoscalerNodes
+
+        provider = RayAutoscalerNodes(args.gpus_per_node)
+    logger.info("autoscaling %d..%d node(s) of %d GPU(s) with the %s rule through the %s provider", low,
+                high, args.gpus_per_node, config.rule, provider.kind)
+    return FleetScaler(provider, rule, config, record=state / FLEET_RECORD)
 
 
 def release_jobs(store: JobStore, reason: str) -> int:
@@ -239,8 +298,9 @@ def _serve(args: argparse.Namespace, state: Path) -> int:
                               stop_grace_s=args.stop_grace, max_retries=args.max_retries, python=args.python,
                               run_as=args.run_as)
     try:
-        controller = Controller(store, backend, scheduler, config)
-    except ValueError as exc:
+        fleet = make_fleet(args, state)
+        controller = Controller(store, backend, scheduler, config, fleet=fleet)
+    except (ValueError, ProviderError) as exc:
         logger.error("%s", exc)
         return 1
     counts = controller.recover()
@@ -259,7 +319,11 @@ def _serve(args: argparse.Namespace, state: Path) -> int:
                           for n in controller.nodes],
                 "total_gpus": sum(n.gpus for n in controller.nodes), "policy": scheduler.policy_name,
                 "interval_s": args.interval, "rounds": controller.rounds, "ray_address": args.ray_address,
-                "running_jobs": len(controller.groups), "run_as": args.run_as}
+                "running_jobs": len(controller.groups), "run_as": args.run_as,
+                "fleet": fleet_status()}
+
+    def fleet_status() -> dict[str, Any] | None:
+        return None if controller.fleet is None else controller.fleet.status(list(controller.alive))
 
     app = create_app(store, token, log_dir=config.log_dir, on_change=controller.request_round,
                      cluster_info=cluster_info, node_types=node_types,

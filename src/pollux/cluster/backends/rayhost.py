@@ -13,6 +13,12 @@ holds ``"cluster"``, the string. SIGTERM or SIGINT shut the cluster down (every 
 process on it with it) and remove FILE. SIGUSR1 removes a worker node, as if that machine were lost
 (for tests of node loss; the head stays).
 
+With ``--wanted FILE`` (a service that autoscales, :mod:`pollux.cluster.backends.embedded_nodes`)
+the head has no GPU slots and the worker nodes are the ones FILE lists, each of ``--gpus-per-node``
+slots: the host reads FILE whenever it changes, adds the nodes it lists and does not have, and
+removes the ones it has and FILE no longer lists (``--nodes`` is then ignored). FILE is the
+service's to write; a FILE that does not parse is logged and changes nothing.
+
 ``python -m pollux.cluster.backends.rayhost --probe ADDRESS`` asks the GCS of a running cluster for
 its nodes and prints ``{"nodes": N, "alive": M}`` (exit 0), or the error (exit 1): the health check
 of ``pollux server status``, run in a process of its own so that a GCS that does not answer cannot
@@ -37,7 +43,9 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
+from pollux.cluster.backends.embedded_nodes import read_wanted
 from pollux.cluster.backends.gputypes import TYPE_RESOURCE_PREFIX
 from pollux.cluster.backends.processes import pid_alive, reap, session_of
 from pollux.cluster.backends.ray_backend import NODE_RESOURCE_PREFIX
@@ -170,6 +178,43 @@ def node_args(name: str, gpus: int, gpu_type: str | None) -> dict:
             "object_store_memory": OBJECT_STORE_BYTES}
 
 
+class WantedNodes:
+    """Makes the cluster's worker nodes the ones a wanted-nodes file lists (``--wanted``)."""
+
+    def __init__(self, cluster: Any, path: Path, gpus_per_node: int) -> None:
+        self.cluster = cluster
+        self.path = path
+        self.gpus_per_node = gpus_per_node
+        self.nodes: dict[str, Any] = {}
+        self._seen: tuple[int, int] | None = None
+
+    def follow(self) -> None:
+        """Read the file if it changed and add or remove nodes to match it."""
+        try:
+            st = self.path.stat()
+        except FileNotFoundError:
+            return
+        stamp = (st.st_mtime_ns, st.st_size)
+        if stamp == self._seen:
+            return
+        self._seen = stamp
+        try:
+            wanted = read_wanted(self.path) or []
+        except ValueError as exc:
+            print(f"pollux rayhost: {exc}; keeping the nodes as they are", flush=True)
+            return
+        for name in [n for n in self.nodes if n not in wanted]:
+            self.cluster.remove_node(self.nodes.pop(name), allow_graceful=True)
+            print(f"pollux rayhost: removed node {name}", flush=True)
+        for name in [n for n in wanted if n not in self.nodes]:
+            self.nodes[name] = self.cluster.add_node(**node_args(name, self.gpus_per_node, None))
+            print(f"pollux rayhost: added node {name}", flush=True)
+
+    def forget(self, node: Any) -> None:
+        """The node was removed by other means (SIGUSR1): add it again only if the file changes."""
+        self.nodes = {n: v for n, v in self.nodes.items() if v is not node}
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m pollux.cluster.backends.rayhost", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -179,6 +224,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--cluster", metavar="SPEC", help="typed nodes, e.g. t4:2x2,a100:1x2 (replaces --nodes "
                                                       "and --gpus-per-node)")
     p.add_argument("--probe", metavar="ADDRESS", help="only check the health of the cluster at ADDRESS")
+    p.add_argument("--wanted", type=Path, metavar="FILE",
+                   help="autoscaling: the worker nodes are the ones FILE lists (a head without GPUs)")
     args = p.parse_args(argv)
     if args.probe:
         return _probe_main(args.probe)
@@ -186,10 +233,14 @@ def main(argv: list[str] | None = None) -> int:
         p.error("--info is required")
     if args.nodes < 1 or args.gpus_per_node < 1:
         p.error("--nodes and --gpus-per-node must be at least 1")
+    if args.wanted is not None and args.cluster is not None:
+        p.error("--wanted takes untyped nodes of --gpus-per-node slots: leave --cluster out")
     try:
         specs = node_specs(args.nodes, args.gpus_per_node, args.cluster)
     except ValueError as exc:
         p.error(str(exc))
+    if args.wanted is not None:
+        specs = [("head", 0, None)]
     os.environ.update(LOOPBACK_ENV)
     from ray.cluster_utils import Cluster
 
@@ -212,15 +263,26 @@ def main(argv: list[str] | None = None) -> int:
         if args.cluster is not None:
             info["cluster"] = args.cluster
             what = f"{len(specs)} typed node(s) ({args.cluster})"
+        if args.wanted is not None:
+            info["nodes"] = 0
+            info["wanted"] = str(args.wanted)
+            what = (f"a head without GPUs; worker nodes of {args.gpus_per_node} GPU slot(s) "
+                    f"as {args.wanted} lists")
         write_json_atomic(args.info, info)
         print(f"pollux rayhost: {what} at {cluster.address} in {time.perf_counter() - started:.1f} s",
               flush=True)
         workers = list(cluster.worker_nodes)
+        follower = None if args.wanted is None else WantedNodes(cluster, args.wanted, args.gpus_per_node)
         while not stop.wait(0.2):
+            if follower is not None:
+                follower.follow()
+                workers = list(follower.nodes.values())
             if lose.is_set():
                 lose.clear()
                 if workers:
                     node = workers.pop()
+                    if follower is not None:
+                        follower.forget(node)
                     cluster.remove_node(node, allow_graceful=False)
                     print(f"pollux rayhost: removed a worker node ({len(workers) + 1} left)", flush=True)
     finally:

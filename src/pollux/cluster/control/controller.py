@@ -61,6 +61,7 @@ from pollux.cluster.backends import gputypes, launcher
 from pollux.cluster.backends.api import Backend, NodeInfo
 from pollux.cluster.backends.launcher import Launch, replica_command
 from pollux.cluster.control.exits import KILL_WAIT_S, Exits
+from pollux.cluster.control.fleet import FleetScaler
 from pollux.cluster.control.launches import Launches
 from pollux.cluster.control.records import DEFAULT_KIND, ControllerConfig, Group
 from pollux.cluster.control.recovery import recover_runs
@@ -73,6 +74,9 @@ from pollux.policy.base import Cluster
 
 logger = logging.getLogger("pollux.cluster")
 
+#: Seconds between looks at the nodes while an autoscaled fleet has nodes coming or going.
+FLEET_CHECK_S = 2.0
+
 __all__ = ["Controller", "ControllerConfig", "Group", "replica_command"]
 
 
@@ -81,7 +85,8 @@ class Controller:
 
     def __init__(self, store: JobStore, backend: Backend, scheduler: Scheduler, config: ControllerConfig,
                  *, clock: Callable[[], float] = time.time, monotonic: Callable[[], float] = time.monotonic,
-                 runners: Mapping[str, Runner] | None = None, round_gate: RoundGate | None = None) -> None:
+                 runners: Mapping[str, Runner] | None = None, round_gate: RoundGate | None = None,
+                 fleet: FleetScaler | None = None) -> None:
         self.store = store
         self.backend = backend
         self.scheduler = scheduler
@@ -102,6 +107,11 @@ class Controller:
         self.rounds = 0
         #: Held while a round decides and writes: the web view and /metrics wait for it.
         self.round_gate = RoundGate() if round_gate is None else round_gate
+        #: Sizes the cluster after each round when the service autoscales (None: a fixed cluster).
+        self.fleet = fleet
+        #: Every alive GPU node, draining and leaving ones included (``nodes`` leaves those out).
+        self.alive: list[str] = []
+        self._next_fleet_check = 0.0
         self.lock = threading.Lock()
         if config.run_as is not None:
             launcher.prepare_run_as(Path(config.state_dir), config.run_as)
@@ -117,7 +127,12 @@ class Controller:
             if name not in names or mono - since > self.config.node_hold_s:
                 del self.held_nodes[name]   # gone (it comes back fresh) or alive all along: usable
         nodes = [n for n in nodes if n.name not in self.held_nodes]
-        lost = {n.name for n in self.nodes} - {n.name for n in nodes}
+        self.alive = [n.name for n in nodes]
+        lost = {n.name for n in self.nodes} - set(self.alive)
+        if self.fleet is not None:
+            lost -= self.fleet.leaving | self.fleet.draining   # let go on purpose
+            offered = set(self.fleet.offered(self.alive))
+            nodes = [n for n in nodes if n.name in offered]
         if lost:
             logger.warning("lost node(s) %s: their GPUs leave the next round", sorted(lost))
         self.nodes = nodes
@@ -139,7 +154,9 @@ class Controller:
     def run_round(self, now: float) -> None:
         cluster = self.refresh_nodes()
         if cluster.num_nodes == 0:
-            logger.warning("no alive node with GPUs; skipping the scheduling round")
+            if self.fleet is None:
+                logger.warning("no alive node with GPUs; skipping the scheduling round")
+            self.scale(now)
             return
         with self.round_gate.round():
             result = self.scheduler.decide(now, cluster)
@@ -153,6 +170,45 @@ class Controller:
         if result.changed:
             logger.info("round %d (%s): %d job(s), %d changed, %.3f s", self.rounds, result.policy,
                         result.num_jobs, len(result.changed), result.duration_s)
+        self.scale(now)
+
+    # ------------------------------------------------------------------ autoscaling
+
+    def busy_nodes(self) -> dict[str, int]:
+        """GPUs in use or about to be on each node: running and launching replicas, and the stored
+        allocations (what the next launches will use). A node is empty only if it has none."""
+        busy: dict[str, int] = {}
+        placements = [g.placement for g in self.groups.values()]
+        placements += [x.placement for x in self.launching.values()]
+        placements += [j.allocation for j in self.store.list_jobs(ACTIVE_STATES)]
+        for placement in placements:
+            for node, gpus in placement.items():
+                busy[node] = busy.get(node, 0) + max(int(gpus), 0)
+        return busy
+
+    def follow_fleet(self) -> None:
+        """Between rounds, while nodes come and go (every ``FLEET_CHECK_S``): a round as soon as a
+        node arrives, and drained nodes let go as soon as they are empty."""
+        assert self.fleet is not None
+        mono = self.monotonic()
+        if mono < self._next_fleet_check:
+            return
+        self._next_fleet_check = mono + FLEET_CHECK_S
+        before = set(self.alive)
+        self.refresh_nodes()
+        if set(self.alive) - before:
+            self.request_round()
+        self.fleet.release_empty(self.alive, self.busy_nodes())
+
+    def scale(self, now: float) -> None:
+        """After a round: the autoscaler's decision; a round at once if it drained a node with jobs."""
+        if self.fleet is None:
+            return
+        draining = set(self.fleet.draining)
+        total = self.fleet.config.max_nodes * self.fleet.config.gpus_per_node
+        entry = self.fleet.after_round(self.scheduler.views(now, total), self.alive, self.busy_nodes(), now)
+        if set(entry.draining) - draining:
+            self.request_round()   # move the drained nodes' jobs now, not a round interval later
 
     def account(self, group: Group, now: float) -> None:
         """Add the GPU-seconds the group held since it was last accounted to its job's service.
@@ -202,6 +258,8 @@ class Controller:
                     if not g.stopping:
                         self.account(g, now)
                 self.run_round(now)
+            elif self.fleet is not None and self.fleet.unsettled:
+                self.follow_fleet()
 
     def _reconcile(self, job: JobRecord, now: float) -> None:
         group = self.groups.get(job.id)

@@ -307,6 +307,20 @@ class Scheduler:
         """Drop the outlooks kept from the last round: the next round computes every job's anew."""
         self._outlooks = OutlookCache()
 
+    def views(self, now: float, total_gpus: int) -> list[JobView]:
+        """Every scheduled job as a policy would see it on a cluster of ``total_gpus`` GPUs: what an
+        autoscaling rule reads (on the largest cluster the fleet may grow to, as in the simulator).
+        A job whose hints do not validate is seen without them, as a round would schedule it."""
+        jobs = self.store.list_jobs(SCHEDULED_STATES)
+        stored = self.store.hints_of(j.id for j in jobs)
+        out = []
+        for j in jobs:
+            try:
+                out.append(job_view(j, stored.get(j.id), now, total_gpus))
+            except Exception:
+                out.append(job_view(j, None, now, total_gpus))
+        return out
+
     def decide(self, now: float, cluster: Cluster) -> RoundResult:
         """One round on ``cluster`` at ``now``; writes nothing (see :func:`schedule_once`)."""
         result = schedule_once(self.store, cluster, self.policy, now, self.rng, self._isolation,
