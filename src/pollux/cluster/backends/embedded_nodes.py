@@ -35,6 +35,8 @@ def read_wanted(path: Path) -> list[str] | None:
         text = path.read_text()
     except FileNotFoundError:
         return None
+    except OSError as exc:   # a folder, a path under a file, no permission
+        raise ValueError(f"{path}: cannot read the wanted nodes ({exc.strerror or exc})") from None
     try:
         data = json.loads(text)
     except ValueError as exc:

@@ -16,8 +16,9 @@ its rule (:mod:`pollux.policy.autoscale`) for a node count and carries it out th
 
 Between rounds :meth:`FleetScaler.release_empty` lets drained nodes go as soon as their last
 replica has stopped, rather than a whole round interval later. Each change of the fleet is
-appended to a JSON-lines record (one object per decision, ``FleetEntry``) that ``pollux nodes`` and
-the live-versus-simulated comparison read.
+appended to a JSON-lines record (one object per round whose decision or inputs changed,
+``FleetEntry``): the sizes over time, and the rule's inputs, so that the simulator's fleet can be
+driven by the same inputs (``benchmarks/autoscale_live.py``).
 """
 
 from __future__ import annotations
@@ -54,6 +55,8 @@ def parse_options(items: Sequence[str], where: str = "--autoscale-option") -> di
             if not sep or not key.strip():
                 raise ValueError
             number = float(value)
+            if not math.isfinite(number):
+                raise ValueError
             out[key.strip()] = int(number) if number.is_integer() else number
         except ValueError:
             raise ValueError(f"{where}: expected KEY=NUMBER such as cooldown_s=300, got {item!r}") from None
@@ -111,6 +114,11 @@ class FleetEntry:
     pending: int
     draining: list[str]
     leaving: list[str]
+    #: The rule's inputs, for a replay in the simulator: the jobs it saw, the GPUs in use per node,
+    #: and its utility per GPU at every size (None for a rule that reads none).
+    jobs: int = 0
+    busy: dict[str, int] = field(default_factory=dict)
+    utility: list[float] | None = None
 
     @property
     def held(self) -> int:
@@ -160,6 +168,7 @@ class FleetScaler:
 
     def release_empty(self, alive: Sequence[str], busy: Mapping[str, int]) -> bool:
         """Between rounds: let drained nodes that emptied go now. True if one did."""
+        self.leaving &= set(alive)   # gone: nothing to watch
         if not any(busy.get(n, 0) <= 0 for n in self.draining):
             return False
         keep = self._settle(alive, busy)
@@ -180,10 +189,12 @@ class FleetScaler:
         new = self._carry_out(decision, ready, pending, busy)
         keep = [n for n in alive if n not in self.leaving]
         self._hold(keep, new, alive)
+        utility = None if decision.utility is None else [round(float(x), 6) for x in decision.utility]
         entry = FleetEntry(time=float(now), target=int(decision.target), reason=decision.reason,
                            efficiency=decision.efficiency,
                            ready=[n for n in keep if n not in self.draining], pending=new,
-                           draining=sorted(self.draining), leaving=sorted(self.leaving))
+                           draining=sorted(self.draining), leaving=sorted(self.leaving), jobs=len(views),
+                           busy={n: int(g) for n, g in sorted(busy.items()) if int(g) > 0}, utility=utility)
         self._write(entry)
         self.last = entry
         return entry
@@ -194,10 +205,16 @@ class FleetScaler:
         held = len(ready) + pending
         if decision.target > held:
             grow = decision.target - held
-            for name in sorted(self.draining)[:grow]:
+            # Nodes still here come back first, in index order: draining ones (they hold jobs), then
+            # empty ones let go and not gone yet (a provider may keep one to meet the new count).
+            for name in sorted(self.draining, key=_index)[:grow]:
                 self.draining.discard(name)
                 grow -= 1
                 logger.info("autoscale: node %s is wanted again: no longer draining", name)
+            for name in sorted(self.leaving, key=_index)[:grow]:
+                self.leaving.discard(name)
+                grow -= 1
+                logger.info("autoscale: node %s is wanted again: no longer leaving", name)
             return pending + grow
         if decision.target < held:
             shrink = held - decision.target
@@ -222,8 +239,7 @@ class FleetScaler:
 
     def _write(self, entry: FleetEntry) -> None:
         last = self.last
-        same = last is not None and (last.target, last.ready, last.pending, last.draining, last.leaving) \
-            == (entry.target, entry.ready, entry.pending, entry.draining, entry.leaving)
+        same = last is not None and {**last.to_dict(), "time": 0} == {**entry.to_dict(), "time": 0}
         if self.record is None or same:
             return
         try:

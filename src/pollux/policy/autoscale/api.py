@@ -47,11 +47,14 @@ class Fleet:
 class ScaleDecision:
     """The node count a rule wants (``target``, within the fleet's bounds), why, and the cluster's
     utility per GPU at the size it held (``efficiency``: 1 is perfect scaling from one GPU; None
-    where the rule reads none)."""
+    where the rule reads none). ``utility`` is that utility per GPU at every size 0..``max_nodes``
+    the rule read (None where it reads none): what the live service records, so that a decision can
+    be replayed in the simulator with the same inputs."""
 
     target: int
     reason: str
     efficiency: float | None = None
+    utility: tuple[float, ...] | None = None
 
 
 class Autoscaler(Protocol):

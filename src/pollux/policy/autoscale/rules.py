@@ -93,7 +93,7 @@ class ThresholdRule:
         target = _clamp(target, fleet)
         if target > held:
             state["grown_at"] = float(now)
-        return ScaleDecision(target, reason, current), state
+        return ScaleDecision(target, reason, current, tuple(float(x) for x in eff)), state
 
 
 @dataclass
