@@ -1,5 +1,6 @@
-"""Live autoscaling on the embedded cluster (issue 36): nodes come when the rule asks, a busy node is
-drained only after its job moved off, empty nodes go, and every job trains each example once.
+"""Live autoscaling (issue 36), on the embedded cluster and on Ray's own autoscaler (its fake
+multi-node provider, ``ray_fake_autoscaler``): nodes come when the rule asks, a busy node is drained
+and goes only after its job moved off, empty nodes go, and every job trains each example once.
 
 The service starts with ``--autoscale 0:2`` on nodes of 2 GPU slots, the goodput rule with thresholds
 that make its decisions certain for jobs of one replica each (grow above 0.9, grow to and shrink below
@@ -7,16 +8,18 @@ that make its decisions certain for jobs of one replica each (grow above 0.9, gr
 (``E(N) = J / 2N``), and never fewer nodes than give each job a GPU.
 
 1. No job: no node (``min`` is 0).
-2. ``short`` and ``long`` arrive: one node (two jobs on two GPUs), and both run on it.
+2. ``short`` and ``long`` arrive: one node (two jobs on two GPUs), and both run on it (the *first*).
 3. ``mover`` arrives: three jobs need a second node; ``mover`` runs there (the first one is full).
 4. ``short`` finishes: two jobs on two nodes, ``E(2) = 0.5 < 0.6``: the rule wants one node. Both hold
-   one job, so the newest (``node-1``) is *drained*: ``mover`` checkpoints, stops and restarts on
-   ``node-0``, and only then does ``node-1`` go.
+   one job, so the newest (the *second*) is *drained*: ``mover`` checkpoints, stops and restarts on
+   the first, and only then is the second let go.
 5. Both finish: no node.
 
-Checked: the node count follows each decision within 30 s; ``node-1`` was draining before it left,
-and ``mover`` had stopped there before it left; every job succeeded and, across the move, trained on
-exactly the examples its sampler drew (``train_examples == stream_position``), each epoch logged once.
+Checked: the node count follows each decision within 30 s; the second node was draining before it
+was let go, and ``mover``'s replica there had exited by then; every job succeeded and, across the
+move, trained on exactly the examples its sampler drew (``train_examples == stream_position``), each
+epoch logged once. The embedded cluster names its nodes ``node-0``, ``node-1``; Ray's autoscaler
+names them itself, and may remove *another* idle node than the one let go (none is idle here but it).
 """
 
 from __future__ import annotations
@@ -39,18 +42,19 @@ TICK_S = 0.5
 FOLLOW_S = 30.0
 
 
-def test_embedded_cluster_grows_drains_a_busy_node_after_moving_its_job_and_shrinks_to_zero(tmp_path):
-    pytest.importorskip("ray")
+def run_scenario(state: Path, ray_address: str | None = None) -> None:
+    """Steps 1-5 of the module docstring on a service started in ``state`` (the embedded cluster,
+    or the Ray cluster at ``ray_address``); asserts as it goes, stops the service."""
     import httpx
 
     from pollux.cluster import server
     from pollux.cluster.backends import processes, rayhost
     from pollux.cluster.control.fleet import FLEET_RECORD, read_record
 
-    state = tmp_path / "state"
     started = time.monotonic()
-    info = server.start(state, policy="pollux", interval_s=2.0, gpus_per_node=2, stop_grace_s=20.0,
-                        timeout_s=150, autoscale=server.Autoscale("0:2", options=RULE_OPTIONS))
+    info = server.start(state, ray_address=ray_address, policy="pollux", interval_s=2.0, gpus_per_node=2,
+                        stop_grace_s=20.0, timeout_s=150,
+                        autoscale=server.Autoscale("0:2", options=RULE_OPTIONS))
     samples: list[tuple[float, dict, dict]] = []   # (wall time, fleet, {job name: (state, allocation)})
     mover_replicas: list[dict] = []
     try:
@@ -87,20 +91,22 @@ def test_embedded_cluster_grows_drains_a_busy_node_after_moving_its_job_and_shri
         wait(lambda f, j: all(j[n]["state"] == "running" for n in ("short", "long")), 90,
              "short and long running")
         fleet, jobs = look()
-        assert fleet["ready"] == ["node-0"], fleet
-        assert {n for name in ("short", "long") for n in jobs[name]["allocation"]} == {"node-0"}
+        assert len(fleet["ready"]) == 1, fleet
+        first = fleet["ready"][0]
+        assert {n for name in ("short", "long") for n in jobs[name]["allocation"]} == {first}
 
         ids["mover"] = submit("mover", 9)
         fleet, jobs = wait(lambda f, j: j["mover"]["state"] == "running", 90, "mover running")
-        assert fleet["ready"] == ["node-0", "node-1"], fleet
-        assert jobs["mover"]["allocation"] == {"node-1": 1}, jobs["mover"]
+        assert len(fleet["ready"]) == 2 and first in fleet["ready"], fleet
+        second = next(n for n in fleet["ready"] if n != first)
+        assert jobs["mover"]["allocation"] == {second: 1}, jobs["mover"]
         assert jobs["short"]["state"] == "running", "short ended before mover ran: make it longer"
 
         wait(lambda f, j: j["mover"]["restarts"] >= 1 and j["mover"]["state"] == "running", 120,
              "mover moved off the drained node")
-        fleet, jobs = wait(lambda f, j: f["ready"] == ["node-0"] and not f["leaving"] and not f["draining"],
-                           FOLLOW_S, "node-1 gone")
-        assert jobs["mover"]["allocation"] == {"node-0": 1}, jobs["mover"]
+        fleet, jobs = wait(lambda f, j: f["ready"] == [first] and not f["leaving"] and not f["draining"],
+                           FOLLOW_S, "the second node gone")
+        assert jobs["mover"]["allocation"] == {first: 1}, jobs["mover"]
 
         wait(lambda f, j: all(x["state"] in ("succeeded", "failed") for x in j.values())
              and f["ready"] == [] and not f["leaving"] and f["pending"] == 0, 240, "every job done, no node")
@@ -122,22 +128,24 @@ def test_embedded_cluster_grows_drains_a_busy_node_after_moving_its_job_and_shri
         record = read_record(state / FLEET_RECORD)
     finally:
         report = server.stop(state, timeout_s=60)
-    assert not rayhost.cluster_processes(state), "processes of the embedded cluster left running"
-    assert not processes.pid_alive(info.service_pid) and not processes.pid_alive(info.rayhost_pid)
+    if ray_address is None:
+        assert not rayhost.cluster_processes(state), "processes of the embedded cluster left running"
+        assert not processes.pid_alive(info.rayhost_pid)
+    assert not processes.pid_alive(info.service_pid)
     assert report["was_running"]
 
     # The decisions, changes only: none, one node, two, one (drained), none; and no third node ever.
     targets = [e["target"] for e in record]
     assert [t for i, t in enumerate(targets) if i == 0 or t != targets[i - 1]] == [0, 1, 2, 1, 0], record
     names = {n for e in record for n in e["ready"] + e["draining"] + e["leaving"]}
-    assert names == {"node-0", "node-1"}, record
-    # node-1 was drained (jobs moving off) before it was let go, and mover had left it by then.
-    drained = next(e["time"] for e in record if "node-1" in e["draining"])
-    left = next(e["time"] for e in record if "node-1" in e["leaving"])
+    assert names == {first, second}, record
+    # The second node was drained (jobs moving off) before it was let go, and mover had left it by then.
+    drained = next(e["time"] for e in record if second in e["draining"])
+    left = next(e["time"] for e in record if second in e["leaving"])
     assert drained < left, record
     (first_run,) = [r for r in mover_replicas if r["restart"] == 0]
-    assert first_run["node"] == "node-1" and first_run["exit_code"] is not None, first_run
-    # Its replica had exited when node-1 was let go. A decision is stamped with its tick's start and
+    assert first_run["node"] == second and first_run["exit_code"] is not None, first_run
+    # Its replica had exited when the second node was let go. A decision is stamped with its tick's start and
     # the exit with when that same tick read it (before the round), so allow one tick.
     assert first_run["end_time"] <= left + TICK_S, (first_run, record)
 
@@ -153,5 +161,24 @@ def test_embedded_cluster_grows_drains_a_busy_node_after_moving_its_job_and_shri
             assert until - entry["time"] < FOLLOW_S, (entry, record)
     assert lags and max(lags) <= FOLLOW_S, lags
     sizes = [(e["target"], len(e["ready"])) for e in record]
-    print(f"autoscale live: (target, ready) {sizes}; followed within {lags} s; "
+    where = "embedded" if ray_address is None else "Ray autoscaler"
+    print(f"autoscale live ({where}): (target, ready) {sizes}; followed within {lags} s; "
           f"{time.monotonic() - started:.1f} s in all")
+
+
+def test_embedded_cluster_grows_drains_a_busy_node_after_moving_its_job_and_shrinks_to_zero(tmp_path):
+    pytest.importorskip("ray")
+    run_scenario(tmp_path / "state")
+
+
+@pytest.fixture
+def fake_cluster_2x2(monkeypatch):
+    """Ray's autoscaler with its fake provider: up to 2 nodes of 2 GPUs, a head without GPUs."""
+    from ray_fake_autoscaler import run_fake_cluster
+
+    yield from run_fake_cluster(monkeypatch, max_nodes=2, gpus_per_node=2)
+
+
+def test_ray_autoscaler_grows_drains_a_busy_node_after_moving_its_job_and_shrinks_to_zero(tmp_path,
+                                                                                           fake_cluster_2x2):
+    run_scenario(tmp_path / "state", ray_address=fake_cluster_2x2.address)

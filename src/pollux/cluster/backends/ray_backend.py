@@ -209,7 +209,11 @@ class RayBackend:
 
     def nodes(self) -> list[NodeInfo]:
         """Alive nodes with at least one GPU slot, by name, each with its GPU type if its resources
-        declare one (``pollux_gpu_type_<t>``, else Ray's ``accelerator_type:<X>``)."""
+        declare one (``pollux_gpu_type_<t>``, else Ray's ``accelerator_type:<X>``).
+
+        A node's name is its ``pollux-node-<name>`` resource, else ``<address>-<last 8 characters of
+        its Ray node id>``: the end of the id, because the nodes Ray's fake autoscaling provider
+        starts share the id's beginning (``ffffffff…0001``), where real ids are random throughout."""
         out = []
         for n in self._ray.nodes():
             if not n.get("Alive"):
@@ -217,7 +221,7 @@ class RayBackend:
             res = {str(k): float(v) for k, v in n.get("Resources", {}).items()}
             gpus = int(res.get("GPU", 0))
             names = [k[len(NODE_RESOURCE_PREFIX):] for k in res if k.startswith(NODE_RESOURCE_PREFIX)]
-            name = names[0] if names else f"{n['NodeManagerAddress']}-{n['NodeID'][:8]}"
+            name = names[0] if names else f"{n['NodeManagerAddress']}-{n['NodeID'][-8:]}"
             if gpus > 0:
                 out.append(NodeInfo(name=name, node_id=n["NodeID"], address=n["NodeManagerAddress"],
                                     gpus=gpus, resources=res, gpu_type=gpu_type_of(res)))

@@ -6,13 +6,14 @@ behave alike for the same inputs. After every scheduling round the controller ha
 its rule (:mod:`pollux.policy.autoscale`) for a node count and carries it out through a
 :class:`~pollux.cluster.backends.nodes_api.NodeProvider`:
 
-* **grow**: nodes being drained come back first (they are paid for and still hold jobs); then the
-  provider is asked for the rest;
+* **grow**: nodes being drained come back first (they are paid for and still hold jobs), then
+  nodes let go and still here; then the provider is asked for the rest;
 * **shrink**: nodes asked for and not yet here are cancelled first; then the ready nodes holding
-  the fewest GPUs in use are *drained*: the controller leaves them out of the cluster it gives the
-  policy, so the next round (asked for at once) moves their jobs elsewhere, by checkpoint and restart
-  or by an elastic job's resize in place. A drained node is let go (*leaving*) only once no replica
-  runs there; an empty node is let go at once. Nothing is lost: a node goes only when it is empty.
+  the fewest GPUs in use (the newest of equals) are *drained*: the controller leaves them out of
+  the cluster it gives the policy, so the next round (asked for at once) moves their jobs
+  elsewhere, by checkpoint and restart or by an elastic job's resize in place. A drained node is
+  let go (*leaving*) only once no replica runs there; an empty node is let go at once. Nothing is
+  lost: a node goes only when it is empty.
 
 Between rounds :meth:`FleetScaler.release_empty` lets drained nodes go as soon as their last
 replica has stopped, rather than a whole round interval later. Each change of the fleet is
@@ -144,6 +145,8 @@ class FleetScaler:
         self.leaving: set[str] = set()
         self.state: AutoscaleState | None = None
         self.last: FleetEntry | None = None
+        #: When each alive node was first seen (a counter): of nodes equally busy, the newest goes.
+        self.seen: dict[str, int] = {}
 
     @property
     def unsettled(self) -> bool:
@@ -159,6 +162,9 @@ class FleetScaler:
         up = set(alive)
         self.leaving &= up
         self.draining &= up
+        self.seen = {n: k for n, k in self.seen.items() if n in up}
+        for name in sorted(up - set(self.seen), key=_index):
+            self.seen[name] = max(self.seen.values(), default=-1) + 1
         for name in sorted(self.draining):
             if busy.get(name, 0) <= 0:
                 self.draining.discard(name)
@@ -220,7 +226,9 @@ class FleetScaler:
             shrink = held - decision.target
             cancel = min(pending, shrink)
             shrink -= cancel
-            order = sorted(ready, key=lambda n: (busy.get(n, 0), -_index(n), n))
+            # The fewest GPUs in use first; of those, the node that came last (a name with an index
+            # says which where nodes came together; Ray's autoscaler names its nodes by id).
+            order = sorted(ready, key=lambda n: (busy.get(n, 0), -self.seen.get(n, -1), -_index(n), n))
             for name in order[:shrink]:
                 if busy.get(name, 0) > 0:
                     self.draining.add(name)
