@@ -11,7 +11,7 @@ install: $(STAMP)
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip==25.3 -c constraints.txt
-	$(PY) -m pip install --quiet -c constraints.txt -e '.[dev,torch,examples,cluster,tensorboard]'
+	$(PY) -m pip install --quiet -c constraints.txt -e '.[dev,torch,examples,cluster,tensorboard,hpo]'
 	touch $(STAMP)
 
 # The live demo: the service on an embedded 4-node Ray cluster runs five real training jobs.
