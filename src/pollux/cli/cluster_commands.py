@@ -151,6 +151,17 @@ def cmd_server_status(args: argparse.Namespace) -> int:
 
 # -- pollux submit / ls / describe / logs / cancel
 
+def env_of(items: list[str]) -> dict[str, str]:
+    """``--env NAME=VALUE`` (repeatable) as the spec's ``env``; the service checks the names."""
+    env = {}
+    for item in items:
+        name, sep, value = item.partition("=")
+        if not sep or not name:
+            raise CliError(f"--env: expected NAME=VALUE, got {item!r}")
+        env[name] = value
+    return env
+
+
 def cmd_submit(args: argparse.Namespace) -> int:
     workdir = Path(os.path.abspath(args.working_dir or os.getcwd()))
     if not workdir.is_dir():
@@ -173,6 +184,8 @@ def cmd_submit(args: argparse.Namespace) -> int:
         spec["balance"] = args.balance
     if args.kind is not None:
         spec["kind"] = args.kind
+    if args.env:
+        spec["env"] = env_of(args.env)
     with _client(args) as client:
         job = client.submit(spec, name=args.name)
     job.pop("token", None)
@@ -366,6 +379,9 @@ def add_cluster_commands(sub: Any) -> None:
     p.add_argument("--balance", choices=BALANCE_MODES, metavar="MODE",
                    help="LB-BSP balancing of the replicas' local batches: "
                         f"{', '.join(BALANCE_MODES)} (default off; passed as POLLUX_BALANCE)")
+    p.add_argument("--env", action="append", default=[], metavar="NAME=VALUE",
+                   help="an environment variable of every replica (repeatable; POLLUX_* and RAY_* are "
+                        "the service's)")
     p.add_argument("--kind", choices=JOB_KINDS, metavar="KIND",
                    help="how the job follows a new allocation: restart (checkpoint, stop, relaunch; "
                         "default) or elastic (a Litz job: its master moves its workers in place)")

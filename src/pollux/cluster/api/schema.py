@@ -88,6 +88,13 @@ def _job_spec(*, answer: bool) -> dict[str, Any]:
         "kind": {"type": "string", "enum": list(JOB_KINDS),
                  "description": "How the job follows a new allocation: restart (checkpoint, stop, "
                                 "relaunch; default) or elastic (its master moves its workers in place)."},
+        "env": {**_nullable({
+            "type": "object", "maxProperties": spec.MAX_ENV_VARS,
+            "propertyNames": {"pattern": "^[A-Za-z_][A-Za-z0-9_]*$", "maxLength": spec.MAX_ENV_NAME_CHARS,
+                              "not": {"pattern": "^(" + "|".join(spec.RESERVED_ENV_PREFIXES) + ")"}},
+            "additionalProperties": {"type": "string", "maxLength": spec.MAX_ARG_CHARS}}),
+            "description": "Environment variables added to every replica's (names starting with "
+                           + " or ".join(spec.RESERVED_ENV_PREFIXES) + " are the service's to set)."},
     }
     schema: dict[str, Any] = {"type": "object", "additionalProperties": False, "properties": fields}
     if answer:

@@ -139,7 +139,7 @@ def build_launches(spec: JobSpec, placement: Mapping[str, int], *, command: list
                           f"replica needs {per} GPU slots on one node")
     node_order = list(dict.fromkeys(ranks))
     resources = dict(spec.resources)
-    env = {**base_env, ENV_NUM_REPLICAS: str(len(ranks)), ENV_NUM_NODES: str(len(node_order))}
+    env = {**spec.env, **base_env, ENV_NUM_REPLICAS: str(len(ranks)), ENV_NUM_NODES: str(len(node_order))}
     if spec.balance != "off":
         env[ENV_BALANCE] = spec.balance
     launches = [ReplicaLaunch(rank=r, node=n, command=list(command), cwd=spec.working_dir,
@@ -157,7 +157,8 @@ def _elastic_launch(spec: JobSpec, placement: Mapping[str, int], *, command: lis
     nodes = sorted(n for n, g in placement.items() if int(g) > 0)
     if not nodes:
         raise LaunchError(f"the allocation {dict(sorted(placement.items()))} holds no GPU")
-    env = {**base_env, ENV_NUM_REPLICAS: "1", ENV_NUM_NODES: "1", ENV_RANK: "0", ENV_NODE_RANK: "0"}
+    env = {**spec.env, **base_env, ENV_NUM_REPLICAS: "1", ENV_NUM_NODES: "1", ENV_RANK: "0",
+           ENV_NODE_RANK: "0"}
     resources = {k: v for k, v in spec.resources.items() if k not in ("GPU",)}
     return [ReplicaLaunch(rank=0, node=nodes[0], command=list(command), cwd=spec.working_dir, env=env,
                           log_path=str(log_root / "rank-0.log"), resources={**resources, "GPU": 0.0},

@@ -48,6 +48,8 @@ __all__ = [
     "MAX_ARGS_TOTAL_CHARS",
     "MAX_ARG_CHARS",
     "MAX_BATCH_SIZE",
+    "MAX_ENV_NAME_CHARS",
+    "MAX_ENV_VARS",
     "MAX_GPUS_PER_REPLICA",
     "MAX_NAME_CHARS",
     "MAX_PATH_CHARS",
@@ -56,6 +58,7 @@ __all__ = [
     "MAX_RESOURCE_AMOUNT",
     "MAX_RESOURCE_NAME_CHARS",
     "MIN_RESOURCE_AMOUNT",
+    "RESERVED_ENV_PREFIXES",
     "JobSpec",
     "SpecError",
     "is_job_id",
@@ -86,6 +89,11 @@ MAX_RESOURCE_NAME_CHARS = 128
 MIN_RESOURCE_AMOUNT = 1e-4
 #: Largest amount of a non-GPU resource (2**53: every integer up to it is exact; memory is in bytes).
 MAX_RESOURCE_AMOUNT = float(2**53)
+#: At most this many environment variables in a spec (``env``), each name this long.
+MAX_ENV_VARS = 256
+MAX_ENV_NAME_CHARS = 128
+#: Variable names a job may not set: the service sets them (the agent's and Ray's settings).
+RESERVED_ENV_PREFIXES = ("POLLUX_", "RAY_")
 
 #: Characters refused in paths, names and resource names: C0 and C1 controls, DEL, line and
 #: paragraph separators, bidirectional embeddings/overrides/isolates, lone surrogates.
@@ -95,6 +103,8 @@ _JOB_ID = re.compile(JOB_ID_PATTERN)
 _UNPRINTABLE = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069\ud800-\udfff]")
 #: Characters refused in arguments: NUL and lone surrogates.
 _ARG_BAD = re.compile("[\x00\ud800-\udfff]")
+#: A job's environment variable name (``env``), as POSIX shells accept it.
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}")
 
 _repr = reprlib.Repr()
 _repr.maxstring = 60
@@ -184,6 +194,32 @@ def _int(data: Mapping[str, Any], name: str, *, minimum: int, maximum: int, defa
     return int(value)
 
 
+def _env(value: Any) -> dict[str, str]:
+    """The job's own environment variables, checked: names a shell would accept, values of text,
+    and no name the service sets itself (``POLLUX_*``, ``RAY_*``): a job may not steer its agent or
+    Ray behind the service's back."""
+    if value is None:
+        return {}
+    if not isinstance(value, Mapping):
+        raise SpecError("env", f"expected an object of strings, got {_show(value)}")
+    if len(value) > MAX_ENV_VARS:
+        raise SpecError("env", f"too many variables: {len(value)}, at most {MAX_ENV_VARS}")
+    out: dict[str, str] = {}
+    for name, text in value.items():
+        where = f"env.{_key(name)}"
+        if not isinstance(name, str) or not _ENV_NAME.fullmatch(name):
+            raise SpecError(where, "expected a variable name: a letter or _, then letters, digits or _ "
+                                   f"(at most {MAX_ENV_NAME_CHARS} characters)")
+        if name.startswith(RESERVED_ENV_PREFIXES):
+            raise SpecError(where, f"names starting with {' or '.join(RESERVED_ENV_PREFIXES)} are the "
+                                   "service's to set")
+        out[name] = _text(text, where, max_chars=MAX_ARG_CHARS, pattern=_ARG_BAD, blank_ok=True)
+    total = sum(len(k) + len(v) for k, v in out.items())
+    if total > MAX_ARGS_TOTAL_CHARS:
+        raise SpecError("env", f"too long: {total} characters in all, at most {MAX_ARGS_TOTAL_CHARS}")
+    return out
+
+
 def _resources(value: Any) -> dict[str, float]:
     if value is None:
         return {"GPU": 1.0}
@@ -225,7 +261,8 @@ class JobSpec:
     balancing (one of ``pollux.contract.BALANCE_MODES``; default ``"off"``), passed to the replicas
     as ``POLLUX_BALANCE`` when it is not off. ``kind`` (``pollux.contract.JOB_KINDS``) is how the job
     follows a new allocation: ``restart`` (default) or ``elastic`` (its master resizes in place).
-    See the module docstring for the limits.
+    ``env`` is added to every replica's environment (the service's own ``POLLUX_*`` and ``RAY_*``
+    variables are not the job's to set, and win). See the module docstring for the limits.
     """
 
     entrypoint: str
@@ -240,6 +277,7 @@ class JobSpec:
     preemptible: bool = True
     balance: str = "off"
     kind: str = "restart"
+    env: dict[str, str] = field(default_factory=dict)
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> JobSpec:
@@ -298,9 +336,11 @@ class JobSpec:
         kind = "restart" if kind is None else kind
         if not isinstance(kind, str) or kind not in JOB_KINDS:
             raise SpecError("kind", f"expected one of {', '.join(JOB_KINDS)}, got {_show(kind)}")
+        env = _env(data.get("env"))
         return cls(entrypoint=entry, init_batch_size=init, args=tuple(args), working_dir=working_dir,
                    max_batch_size=max_bsz, local_bsz_bounds=bounds, min_replicas=min_r,
-                   max_replicas=max_r, resources=res, preemptible=preemptible, balance=balance, kind=kind)
+                   max_replicas=max_r, resources=res, preemptible=preemptible, balance=balance, kind=kind,
+                   env=env)
 
     @classmethod
     def from_stored(cls, text: Any) -> tuple[JobSpec, str | None]:
@@ -349,6 +389,7 @@ class JobSpec:
         out["args"] = list(self.args)
         out["local_bsz_bounds"] = None if self.local_bsz_bounds is None else list(self.local_bsz_bounds)
         out["resources"] = dict(self.resources)
+        out["env"] = dict(self.env)
         return out
 
     # -- checks against the cluster and the file system
