@@ -8,6 +8,9 @@ the job has actually run (with the exploration priors), never the profile itself
 Timing conventions (reference behaviour): the first decision is at t = 0, then every interval; a job
 submitted between two rounds waits for the next; every allocation change costs a restart delay (30 s;
 attained service still counts), and a first start pays it too but is not counted as a restart.
+
+A :class:`RoundHook` (issue 37: an HPO study's trials) sees the jobs after every round and may stop
+some of them and submit new ones; without one, a simulation runs exactly as it always has.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import numpy as np
 
@@ -35,8 +39,8 @@ from pollux.sim.profiles import AppProfile
 from pollux.sim.workload import WorkloadJob
 
 __all__ = ["ADAPTIVE", "BALANCE_SUFFIX", "ELASTIC", "RIGID", "SIA_SLOWDOWN", "TYPE_SERIES", "JobResult",
-           "SimConfig", "SimJob", "SimResult", "fixed_batch_config", "log_progress", "sia_slowdown",
-           "simulate"]
+           "RoundActions", "RoundHook", "SimConfig", "SimJob", "SimResult", "fixed_batch_config",
+           "log_progress", "sia_slowdown", "simulate"]
 
 #: Suffix of a run's policy label when its jobs balance their local batches (LB-BSP).
 BALANCE_SUFFIX = "+lbbsp"
@@ -142,6 +146,8 @@ class JobResult:
     type_gpu_hours: dict[str, float] = field(default_factory=dict)
     #: GPU-hours of the per-type bootstrap profiles (type-aware policies on typed clusters).
     bootstrap_gpu_hours: float = 0.0
+    #: A :class:`RoundHook` stopped the job before its last epoch (``completion`` is when it stopped).
+    stopped: bool = False
 
 
 @dataclass
@@ -159,6 +165,33 @@ class SimResult:
     decide_times: list[float] = field(default_factory=list)
 
 
+@dataclass(frozen=True)
+class RoundActions:
+    """What a :class:`RoundHook` asks for after a round.
+
+    ``stop``: names of running jobs to stop at the end of the round (their GPUs are free for the next
+    one, the earliest a policy could give them out anyway); ``submit``: new jobs, each submitted no
+    earlier than the round's start and scheduled from the next round on, as a submission from the
+    workload would be.
+    """
+
+    stop: tuple[str, ...] = ()
+    submit: tuple[WorkloadJob, ...] = ()
+
+
+class RoundHook(Protocol):
+    """Called after every round in which jobs ran, with the round's start and end and its active jobs.
+
+    Why a hook rather than a second engine: an HPO study decides its next trials from the results of
+    the earlier ones, so its workload cannot be given up front, and a pruner stops trials part-way.
+    The jobs are the engine's own: read their progress (``epoch``, ``completion``, ``replicas``),
+    never change them; changes go through the returned :class:`RoundActions`. A job that completed
+    in the round is among them (``completion`` set) this once.
+    """
+
+    def after_round(self, start: float, end: float, jobs: Sequence[SimJob]) -> RoundActions: ...
+
+
 def simulate(
     workload: Sequence[WorkloadJob],
     profiles: dict[str, AppProfile],
@@ -168,6 +201,7 @@ def simulate(
     progress: Callable[[str], None] | None = None,
     typed_profiles: dict[str, dict[str, AppProfile]] | None = None,
     fleet: CloudFleet | None = None,
+    hook: RoundHook | None = None,
 ) -> SimResult:
     """Run one workload under one policy to completion; deterministic for a given ``config.seed``.
 
@@ -180,6 +214,10 @@ def simulate(
     On a typed ``config.cluster`` the true speeds come from ``typed_profiles`` (``{app: {type:
     profile}}``, :func:`pollux.sim.typed_profiles.load_typed_profiles`); ``profiles`` then only needs
     to hold the applications' untyped profiles where they exist (gradient statistics are shared).
+
+    ``hook`` (:class:`RoundHook`) may stop running jobs and submit new ones after each round; the
+    run ends when no job is left, so a hook that keeps submitting keeps it going (up to
+    ``config.max_time``).
     """
     started = time.perf_counter()
     info = policy_info(policy.name)               # ValueError naming the choices if unknown
@@ -191,19 +229,25 @@ def simulate(
     if typed and typed_profiles is None:
         raise ValueError(f"workload {workload_name}: a typed cluster needs typed_profiles")
     known = set(profiles) | (set(typed_profiles) if typed and typed_profiles else set())
-    missing = sorted({j.application for j in workload} - known)
-    if missing:
-        raise ValueError(f"workload {workload_name}: no profile for application(s) {', '.join(missing)}")
     node_type = cluster.type_index()
     contexts: dict[str, TypeContext] = {}
-    if typed and typed_profiles is not None:
-        for app in {j.application for j in workload}:
+
+    def check_applications(specs: Sequence[WorkloadJob]) -> None:
+        """A profile for every application of ``specs`` (and its type context on a typed cluster)."""
+        missing = sorted({j.application for j in specs} - known)
+        if missing:
+            raise ValueError(f"workload {workload_name}: no profile for application(s) {', '.join(missing)}")
+        if not (typed and typed_profiles is not None):
+            return
+        for app in sorted({j.application for j in specs} - set(contexts)):
             per_type = typed_profiles.get(app, {})
             if not any(t in per_type for t in cluster.type_names):
                 raise ValueError(f"workload {workload_name}: application {app!r} has no profile for "
                                  f"any GPU type of the cluster ({', '.join(cluster.type_names)})")
             contexts[app] = TypeContext(per_type, cluster.type_names, node_type, info.type_aware,
                                         config.bootstrap_s)
+
+    check_applications(workload)
 
     def base_profile(app: str) -> AppProfile:
         if app in profiles:
@@ -214,9 +258,13 @@ def simulate(
     # A type-aware policy's jobs are bootstrapped from a 1-GPU profile (as Sia does), on an untyped
     # cluster too: it is the one-type case.
     untyped_bootstrap = info.type_aware and not typed
-    jobs = [SimJob(spec, base_profile(spec.application), kind, config, cluster.num_nodes,
-                   contexts.get(spec.application), bootstrap=untyped_bootstrap)
-            for spec in sorted(workload, key=lambda j: (j.submit_time, j.name))]
+
+    def make_job(spec: WorkloadJob) -> SimJob:
+        return SimJob(spec, base_profile(spec.application), kind, config, cluster.num_nodes,
+                      contexts.get(spec.application), bootstrap=untyped_bootstrap)
+
+    jobs = [make_job(spec) for spec in sorted(workload, key=lambda j: (j.submit_time, j.name))]
+    stopped: set[str] = set()
     rng = np.random.default_rng(config.seed)
     state = None
     timeline: dict[str, list[float]] = {"time": [], "allocated_gpus": [], "active_jobs": [],
@@ -283,6 +331,13 @@ def simulate(
                 timeline[f"{TYPE_SERIES}{t}"].append(g)
         for j, sd in zip(active, slow, strict=True):
             j.advance(now, config.interval, sd)
+        if hook is not None:
+            actions = hook.after_round(now, now + config.interval, active)
+            added = _apply_actions(actions, active, jobs, stopped, now, config.interval)
+            check_applications(added)
+            new_jobs = [make_job(spec) for spec in added]
+            jobs.extend(new_jobs)
+            pending.extend(new_jobs)
         pending = [j for j in pending if j.completion is None]
         now += config.interval
         if progress is not None and now >= next_report:
@@ -292,10 +347,36 @@ def simulate(
             next_report = now + 3600.0
     if fleet is not None:
         fleet.finish(max((j.completion or 0.0) for j in jobs))
-    results = _job_results(jobs, timeline, cluster.type_names if typed else ())
+    results = _job_results(jobs, timeline, cluster.type_names if typed else (), stopped)
     label = policy.name + (BALANCE_SUFFIX if config.balance else "")
     return SimResult(label, workload_name, config.seed, config, results, timeline,
                      time.perf_counter() - started, decide_time, rounds, decide_times)
+
+
+def _apply_actions(actions: RoundActions, active: list[SimJob], jobs: list[SimJob], stopped: set[str],
+                   start: float, interval: float) -> list[WorkloadJob]:
+    """Stop the jobs ``actions`` names at the round's end; return its new jobs, checked.
+
+    Errors name the hook's mistake: a job it may not stop (unknown, not running, already done) or a
+    new job whose name is taken or that is submitted before the round it was decided in.
+    """
+    end = start + interval
+    running = {j.name: j for j in active if j.completion is None}
+    for name in actions.stop:
+        job = running.get(name)
+        if job is None:
+            raise ValueError(f"round hook: cannot stop job {name!r} at t={end:.0f}: it is not running")
+        job.completion = end
+        stopped.add(name)
+    names = {j.name for j in jobs}
+    for spec in actions.submit:
+        if spec.name in names:
+            raise ValueError(f"round hook: job name {spec.name!r} is already taken")
+        if not (math.isfinite(spec.submit_time) and spec.submit_time >= start):
+            raise ValueError(f"round hook: job {spec.name!r} submitted at t={spec.submit_time}, before "
+                             f"the round at t={start:.0f} that decided it")
+        names.add(spec.name)
+    return list(actions.submit)
 
 
 def _slowdowns(active: list[SimJob], interference: float) -> list[float]:
@@ -312,7 +393,7 @@ def _slowdowns(active: list[SimJob], interference: float) -> list[float]:
 
 
 def _job_results(jobs: list[SimJob], timeline: dict[str, list[float]],
-                 type_names: Sequence[str] = ()) -> list[JobResult]:
+                 type_names: Sequence[str] = (), stopped: set[str] | None = None) -> list[JobResult]:
     times = np.asarray(timeline["time"])
     counts = np.asarray(timeline["active_jobs"], dtype=np.float64)
     out = []
@@ -332,6 +413,7 @@ def _job_results(jobs: list[SimJob], timeline: dict[str, list[float]],
             restarts=j.restarts, gpu_hours=(held.attained + boot if boot else held.attained) / 3600.0,
             fits=j.fits, epochs=j.epoch, active_jobs_mean=mean_active, batch_sizes=list(j.batch_sizes),
             type_gpu_hours=type_hours, bootstrap_gpu_hours=boot / 3600.0,
+            stopped=stopped is not None and j.name in stopped,
         ))
     return out
 
