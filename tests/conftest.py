@@ -21,12 +21,3 @@ def agent(monkeypatch: pytest.MonkeyPatch):
     reset_context()
     yield monkeypatch
     reset_context()
-
-
-@pytest.fixture
-def fake_cluster(monkeypatch: pytest.MonkeyPatch):
-    """A Ray head whose real autoscaler starts fake GPU nodes on this machine (``ray_fake_autoscaler``):
-    up to 2 nodes of 1 GPU, removed 0.6 s after they fall idle and the request no longer needs them."""
-    from ray_fake_autoscaler import run_fake_cluster
-
-    yield from run_fake_cluster(monkeypatch)

@@ -11,8 +11,9 @@ stops only the processes it started. The missing file also keeps Ray's v2 autosc
 ``fake_multinode`` config, so this runs the v1 autoscaler, ``AutoscalingCluster``'s default; both
 honour ``request_resources`` and remove only idle nodes the request does not need.
 
-Use the ``fake_cluster`` fixture (``tests/conftest.py``, :func:`run_fake_cluster`) or
-:class:`FakeCluster` directly.
+Use :func:`run_fake_cluster` in a fixture (``tests/test_cluster_autoscale_live.py``) or
+:class:`FakeCluster` directly. Keep the pytest process itself from being a Ray driver of it: the
+driver's authentication setting stays with the process and breaks later in-process Ray clusters.
 """
 
 from __future__ import annotations
@@ -181,7 +182,7 @@ class FakeCluster:
 
 def run_fake_cluster(monkeypatch: pytest.MonkeyPatch, max_nodes: int = 2,
                      gpus_per_node: int = 1) -> Iterator[FakeCluster]:
-    """The ``fake_cluster`` fixture (``tests/conftest.py``): a :class:`FakeCluster` of up to
+    """A fixture's body: a :class:`FakeCluster` of up to
     ``max_nodes`` nodes, the test process made a driver without a token; everything stopped after."""
     pytest.importorskip("ray")
     if not sys.platform.startswith("linux"):
