@@ -35,7 +35,7 @@ from typing import Any
 
 import numpy as np
 
-from pollux.policy.autoscale.api import AutoscaleState, Fleet, ScaleDecision
+from pollux.policy.autoscale.api import Fleet
 from pollux.policy.autoscale.rules import ThresholdRule
 from pollux.policy.base import JobView
 from pollux.sim.fleet import CloudConfig, CloudFleet
@@ -124,10 +124,6 @@ class ReplayRule(ThresholdRule):
     def efficiency(self, jobs: Sequence[JobView], fleet: Fleet) -> np.ndarray:
         recorded = self.utilities.pop(0)
         return np.zeros(fleet.max_nodes + 1) if recorded is None else np.asarray(recorded, dtype=float)
-
-    def decide(self, jobs: Sequence[JobView], fleet: Fleet, state: AutoscaleState | None,
-               now: float) -> tuple[ScaleDecision, AutoscaleState]:
-        return super().decide(jobs, fleet, state, now)
 
 
 def replay(record: list[dict], options: Sequence[str], max_nodes: int, gpus_per_node: int) -> list[dict]:

@@ -147,6 +147,7 @@ class FleetScaler:
         self.last: FleetEntry | None = None
         #: When each alive node was first seen (a counter): of nodes equally busy, the newest goes.
         self.seen: dict[str, int] = {}
+        self._arrivals = 0
 
     @property
     def unsettled(self) -> bool:
@@ -164,7 +165,8 @@ class FleetScaler:
         self.draining &= up
         self.seen = {n: k for n, k in self.seen.items() if n in up}
         for name in sorted(up - set(self.seen), key=_index):
-            self.seen[name] = max(self.seen.values(), default=-1) + 1
+            self.seen[name] = self._arrivals
+            self._arrivals += 1
         for name in sorted(self.draining):
             if busy.get(name, 0) <= 0:
                 self.draining.discard(name)
