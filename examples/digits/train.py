@@ -17,6 +17,10 @@ global batch, not rank 0's share) and survive a restart mid-epoch. Rank 0 ends b
 line on stdout: test accuracy, the distinct global batch sizes used in order, epochs, progress,
 replicas, the last epoch's training loss and accuracy, the examples trained on, and more.
 
+As a trial of a hyper-parameter study (``pollux hpo run``, docs/hpo.md, with ``examples/digits/space.yaml``)
+the study passes ``--lr``, ``--momentum``, ``--weight-decay`` and ``--width`` as flags, and each epoch's test
+accuracy is reported with ``pollux.hpo.report`` (the last one is the trial's objective).
+
 Unequal batches (LB-BSP, docs/agent.md): ``--balance auto`` sizes each replica's share of the batch so
 that all finish their compute together; the shares are logged (``batch shares ... -> ...`` and
 ``balance {JSON}`` lines) and printed at the end. To see it work, slow one replica down:
@@ -54,6 +58,7 @@ from sklearn.datasets import load_digits
 from sklearn.model_selection import train_test_split
 from torch.utils.data import TensorDataset
 
+import pollux.hpo
 import pollux.torch as ptorch
 from pollux.contract import LOG_FORMAT
 
@@ -183,6 +188,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--local-bsz-bounds", type=int, nargs=2, default=(8, 256), metavar=("LO", "HI"),
                    help="bounds of the per-replica batch (default 8 256)")
     p.add_argument("--lr", type=float, default=0.02, help="SGD learning rate at M0 (default 0.02)")
+    p.add_argument("--momentum", type=float, default=0.9, help="SGD momentum (default 0.9)")
+    p.add_argument("--weight-decay", type=float, default=0.0, help="SGD weight decay (default 0)")
     p.add_argument("--refit-interval", type=float, default=None,
                    help="seconds between throughput refits and batch-size decisions (default: "
                         "$POLLUX_REFIT_INTERVAL_S if set, else 5; the agent's own default, 30 s, suits jobs "
@@ -230,7 +237,8 @@ def main(argv: list[str] | None = None) -> int:
     train_set, x_test, y_test = load_data()
 
     net = DigitsCNN(args.width)
-    optimizer = torch.optim.SGD(net.parameters(), lr=args.lr, momentum=0.9)
+    optimizer = torch.optim.SGD(net.parameters(), lr=args.lr, momentum=args.momentum,
+                                weight_decay=args.weight_decay)
     model = ptorch.AdaptiveDataParallel(net, optimizer)     # restores model and optimiser if resuming
     loader = ptorch.AdaptiveDataLoader(train_set, batch_size=args.batch_size, shuffle=True, seed=args.seed)
     if not args.fixed:
@@ -278,6 +286,9 @@ def main(argv: list[str] | None = None) -> int:
                      "progress %.1f, gain %.2f, %.1f s", epoch, history.train_loss,
                      history.train_accuracy, acc, loader.current_batch_size, model.progress,
                      model.gain, history.seconds)
+            # As a trial of `pollux hpo run`, the study's pruner sees every epoch's accuracy and the last
+            # one is the trial's objective; alone, this warns once and does nothing.
+            pollux.hpo.report(acc, epoch)
             if args.json_epochs:
                 print(json.dumps({"event": "epoch", "epoch": epoch, "val_acc": acc, "time": time.time(),
                                   "batch_size": loader.current_batch_size, "replicas": replicas,

@@ -26,6 +26,7 @@ from collections.abc import Sequence
 from pollux.cli.cluster_commands import add_cluster_commands
 from pollux.cli.errors import EXIT_ERROR, EXIT_INTERRUPTED, CliError
 from pollux.cli.formatting import escape_lines
+from pollux.cli.hpo_commands import add_hpo_commands
 from pollux.cli.litz_commands import add_litz_commands
 from pollux.cli.parser import Parser
 from pollux.cli.scar_commands import add_scar_commands
@@ -42,6 +43,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_user_commands(sub)
     add_litz_commands(sub)
     add_scar_commands(sub)
+    add_hpo_commands(sub)
     return parser
 
 
