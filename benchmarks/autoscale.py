@@ -2,9 +2,10 @@
 """Cloud autoscaling in the simulator (issue 36): the goodput rule against Or et al.'s throughput rule.
 
 Usage:
-    benchmarks/autoscale.py [--json] [--only one_job|workload] [--plots DIR] [--seed 0]
+    benchmarks/autoscale.py [--json] [--only one_job|workload|typed] [--typed] [--plots DIR] [--seed 0]
         [--data ../shared/data/pollux-osdi21] [--max-nodes 16] [--application imagenet]
-        [--workload-jobs N] [--fixed 4,8,16]
+        [--workload-jobs N] [--fixed 4,8,16] [--sia-data ../shared/data/sia-sosp23]
+        [--typed-jobs N] [--typed-prices aws=3.912,dgx-ext=32.77]
 
 Sections (each a function ``section_NAME(args, ...) -> dict`` registered in ``SECTIONS``):
 
@@ -29,6 +30,18 @@ Sections (each a function ``section_NAME(args, ...) -> dict`` registered in ``SE
   the throughput autoscaler with Or et al.'s jobs (``batch_per_gpu=True``), i.e. the whole of Or et
   al.'s system rather than their rule alone. Plot ``workload.png``: node-hours against average JCT.
 
+* ``typed`` (not run by default: ``--typed`` adds it, ``--only typed`` runs it alone; about 13
+  minutes on the 2-core VM): GPU types and prices. Sia's Philly ``workload-1`` (``--sia-data``,
+  loaded as ``benchmarks/heterogeneous.py`` loads it: typed profiles, Sia's speed calibration, a 60
+  GPU-second bootstrap per type) on a cloud of ``aws`` nodes (4 × T4, at most 6) and ``dgx-ext``
+  nodes (8 × A100 40 GB, at most 2), 120 s provisioning delay, scheduling policy ``sia``. Arm
+  ``goodput``: the goodput rule sizing each type (empty at the start). Arm ``fixed``: the whole
+  cloud (6 + 2 nodes) held from the start. Prices are assumptions: AWS's public on-demand list
+  prices in us-east-1 (g4dn.12xlarge $3.912/h for an ``aws`` node, p4d.24xlarge $32.77/h for a
+  ``dgx-ext`` node; ``--typed-prices aws=P,dgx-ext=P`` overrides them). Reported per arm: node-hours
+  and cost per type and in total, average JCT, makespan; then ``cost_saving`` = 1 − goodput / fixed
+  cost and ``jct_ratio`` = goodput / fixed average JCT. No target: the section never fails the run.
+
 The arms run one after another in this process, as the other simulator benchmarks of this
 repository do on the 2-core machine; progress lines (one per arm and the engine's hourly lines) go
 to stderr. ``--json`` prints one JSON object on stdout. Toy runs for the tests: ``--max-nodes``,
@@ -52,11 +65,12 @@ from typing import Any
 
 import numpy as np
 
-from pollux.policy.autoscale import make_autoscaler
+from pollux.policy.autoscale import NodePool, make_autoscaler
 from pollux.policy.registry import make_policy
-from pollux.sim.engine import SimConfig, SimResult, simulate
-from pollux.sim.fleet import CloudConfig, CloudFleet
+from pollux.sim.engine import SimConfig, SimResult, sia_slowdown, simulate
+from pollux.sim.fleet import CloudConfig, CloudFleet, TypedCloudConfig
 from pollux.sim.profiles import AppProfile, load_profiles
+from pollux.sim.typed_profiles import load_typed_profiles
 from pollux.sim.workload import WorkloadJob, read_workload
 
 REPO = Path(__file__).resolve().parents[1]
@@ -73,6 +87,13 @@ ONE_JOB_TARGETS = {"node_hours_reduction": 0.25, "completion_ratio": 1.06}
 #: Issue 36's figures for a whole workload against the largest fixed cluster.
 WORKLOAD_TARGETS = {"goodput_cheaper": 0.20, "goodput_jct_over": 1.15}
 SENSITIVITY = "throughput_batch_per_gpu"
+DEFAULT_SIA_DATA = REPO.parent / "shared" / "data" / "sia-sosp23"
+TYPED_WORKLOAD = "workload-1"
+TYPED_POLICY = "sia"
+TYPED_BOOTSTRAP_S = 60.0
+#: The typed cloud's pools: GPU type → (GPUs per node, most nodes, assumed price per node-hour in USD:
+#: AWS on-demand list prices, us-east-1; g4dn.12xlarge has 4 T4s, p4d.24xlarge 8 A100 40 GB).
+TYPED_POOLS: dict[str, tuple[int, int, float]] = {"aws": (4, 6, 3.912), "dgx-ext": (8, 2, 32.77)}
 
 
 def say(message: str) -> None:
@@ -355,11 +376,125 @@ def plot_workload(figures: dict[str, dict[str, Any]], sensitivity: dict[str, Any
 
 
 # --------------------------------------------------------------------------------------------
+# Section typed: GPU types and prices
+# --------------------------------------------------------------------------------------------
+
+
+def typed_pools(prices: dict[str, float], *, fixed: bool) -> tuple[NodePool, ...]:
+    """The typed cloud: empty and free to grow (``fixed=False``), or every node held from the start."""
+    pools = []
+    for gpu_type, (gpus, most, _) in TYPED_POOLS.items():
+        low = most if fixed else 0
+        pools.append(NodePool(gpu_type, gpus, min_nodes=low, max_nodes=most,
+                              price_per_node_hour=prices[gpu_type], initial_nodes=low))
+    return tuple(pools)
+
+
+def typed_arm_figures(result: SimResult, fleet: CloudFleet, wall: float) -> dict[str, Any]:
+    jobs = result.jobs
+    jcts = [j.jct for j in jobs if j.jct is not None]
+    done = [j.completion for j in jobs if j.completion is not None]
+    rep = fleet.report
+    types = list(rep.type_node_seconds)
+    return {
+        "node_hours": rep.node_hours, "cost": rep.cost,
+        "node_hours_by_type": rep.type_node_hours, "cost_by_type": rep.type_cost,
+        "avg_jct_h": float(np.mean(jcts)) / 3600.0 if jcts else None,
+        "makespan_h": (max(done) - min(j.submit for j in jobs)) / 3600.0 if done else None,
+        "completed": len(jcts), "jobs": len(jobs),
+        "gpu_hours": float(sum(j.gpu_hours for j in jobs)),
+        "restarts_per_job": float(np.mean([j.restarts for j in jobs])),
+        "mean_nodes_held_by_type": {t: float(np.mean([h[t] for h in rep.held_by_type])) if rep.held_by_type
+                                    else 0.0 for t in types},
+        "nodes_held_by_type": {t: change_points(rep.time, [h[t] for h in rep.held_by_type]) for t in types},
+        "rounds": result.rounds, "wall_s": round(wall, 1),
+    }
+
+
+def section_typed(args: argparse.Namespace, profiles: dict[str, AppProfile]) -> dict[str, Any]:
+    """GPU types and prices: the goodput rule per type against the whole typed cloud (see the module
+    docstring). ``profiles`` (Pollux's traces) are not used: Sia's data brings its own."""
+    traces = args.sia_data / "traces"
+    types = tuple(TYPED_POOLS)
+    typed = load_typed_profiles(traces, types)
+    try:
+        untyped = load_profiles(traces)
+    except FileNotFoundError:
+        untyped = {}
+    known = set(untyped) | set(typed)
+    workload = args.sia_data / "workloads" / "philly" / f"{TYPED_WORKLOAD}.csv"
+    jobs = read_workload(workload, applications=known)[:args.typed_jobs]
+    config = SimConfig(interval=60.0, seed=args.seed, slowdown=sia_slowdown(sorted(typed)),
+                       bootstrap_s=TYPED_BOOTSTRAP_S)
+    plan = {"goodput": (typed_pools(args.typed_prices, fixed=False), "goodput", {}),
+            "fixed": (typed_pools(args.typed_prices, fixed=True), "fixed",
+                      {"nodes": sum(most for _, most, _ in TYPED_POOLS.values())})}
+    started = time.perf_counter()
+    arms: dict[str, dict[str, Any]] = {}
+    for arm, (pools, rule, options) in plan.items():
+        cloud = TypedCloudConfig(pools, provision_delay_s=PROVISION_DELAY_S)
+        say(f"typed: arm {arm}: {len(jobs)} jobs of {TYPED_WORKLOAD}, autoscaler {rule}, "
+            + ", ".join(f"{p.gpu_type} {p.min_nodes}..{p.max_nodes} x {p.gpus_per_node} GPUs at "
+                        f"${p.price_per_node_hour}/h" for p in pools) + " ...")
+        fleet = CloudFleet(cloud, make_autoscaler(rule, **options))
+        t0 = time.perf_counter()
+        result = simulate(jobs, untyped, make_policy(TYPED_POLICY), config, f"{TYPED_WORKLOAD}/{arm}",
+                          progress=say, typed_profiles=typed, fleet=fleet)
+        wall = time.perf_counter() - t0
+        arms[arm] = {"autoscaler": rule,
+                     "pools": [{"gpu_type": p.gpu_type, "gpus_per_node": p.gpus_per_node,
+                                "min_nodes": p.min_nodes, "max_nodes": p.max_nodes,
+                                "price_per_node_hour": p.price_per_node_hour} for p in pools],
+                     **typed_arm_figures(result, fleet, wall)}
+        f = arms[arm]
+        say(f"typed: {arm}: ${f['cost']:.2f}, {f['node_hours']:.1f} node-hours, average JCT "
+            f"{f['avg_jct_h']:.3f} h ({wall:.0f} s)")
+    g, fixed = arms["goodput"], arms["fixed"]
+    return {
+        "workload": TYPED_WORKLOAD, "jobs": len(jobs), "policy": TYPED_POLICY,
+        "provision_delay_s": PROVISION_DELAY_S, "bootstrap_s": TYPED_BOOTSTRAP_S,
+        "prices": dict(args.typed_prices),
+        "prices_note": "assumed: AWS on-demand list prices, us-east-1 (g4dn.12xlarge for aws, "
+                       "p4d.24xlarge for dgx-ext)",
+        "arms": arms,
+        "cost_saving": 1.0 - g["cost"] / fixed["cost"] if fixed["cost"] > 0 else None,
+        "node_hours_saving": 1.0 - g["node_hours"] / fixed["node_hours"] if fixed["node_hours"] > 0 else None,
+        "jct_ratio": (g["avg_jct_h"] / fixed["avg_jct_h"]
+                      if g["avg_jct_h"] is not None and fixed["avg_jct_h"] else None),
+        "ok": True,                  # no target: the figures are reported as measured
+        "seconds": round(time.perf_counter() - started, 1),
+    }
+
+
+# --------------------------------------------------------------------------------------------
 
 SECTIONS: dict[str, Callable[[argparse.Namespace, dict[str, AppProfile]], dict[str, Any]]] = {
     "one_job": section_one_job,
     "workload": section_workload,
+    "typed": section_typed,
 }
+#: The sections a run without ``--only`` runs (``--typed`` adds ``typed``: it takes minutes).
+DEFAULT_SECTIONS = ("one_job", "workload")
+
+
+def parse_prices(text: str) -> dict[str, float]:
+    """``--typed-prices aws=3.912,dgx-ext=32.77`` → the price per node-hour of each type (types not
+    named keep their default); ValueError naming the entry for a bad one."""
+    prices = {t: price for t, (_, _, price) in TYPED_POOLS.items()}
+    for entry in (e.strip() for e in text.split(",")):
+        if not entry:
+            continue
+        gpu_type, sep, value = entry.partition("=")
+        if not sep or gpu_type not in TYPED_POOLS:
+            raise ValueError(f"{entry!r}: expected TYPE=PRICE with TYPE one of {', '.join(TYPED_POOLS)}")
+        try:
+            price = float(value)
+        except ValueError:
+            raise ValueError(f"{entry!r}: the price is not a number") from None
+        if not (np.isfinite(price) and price >= 0):
+            raise ValueError(f"{entry!r}: the price must be >= 0")
+        prices[gpu_type] = price
+    return prices
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -383,11 +518,29 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--fixed", default="4,8,16",
                         help="workload: sizes of the fixed clusters, in nodes (default 4,8,16; the largest "
                              "is the reference of the targets)")
+    parser.add_argument("--typed", action="store_true",
+                        help="also run the typed section (GPU types and prices; minutes)")
+    parser.add_argument("--sia-data", type=Path, default=DEFAULT_SIA_DATA,
+                        help="typed: the sia-sosp23 data folder (traces/, workloads/philly/)")
+    parser.add_argument("--typed-jobs", type=int, default=None, metavar="N",
+                        help=f"typed: only the first N jobs of {TYPED_WORKLOAD} (a toy run)")
+    parser.add_argument("--typed-prices", default="",
+                        help="typed: price per node-hour by type, e.g. aws=3.912,dgx-ext=32.77 (default: "
+                             "AWS on-demand list prices, us-east-1)")
     parser.add_argument("--application", default="imagenet",
                         help="one_job: the job's application (default imagenet; its batch is the "
                              "application's initial batch)")
     args = parser.parse_args(argv)
     args.plots = None if args.no_plots else args.plots
+    args.sections = args.only or [*DEFAULT_SECTIONS, *(["typed"] if args.typed else [])]
+    try:
+        args.typed_prices = parse_prices(args.typed_prices)
+    except ValueError as e:
+        parser.error(f"--typed-prices: {e}")
+    if args.typed_jobs is not None and args.typed_jobs < 1:
+        parser.error(f"--typed-jobs: must be at least 1, got {args.typed_jobs}")
+    if "typed" in args.sections and not (args.sia_data / "workloads" / "philly").is_dir():
+        parser.error(f"--sia-data {args.sia_data}: no workloads/philly/ folder")
     traces = args.data / "traces"
     if not traces.is_dir():
         parser.error(f"--data {args.data}: no traces/ folder")
@@ -425,7 +578,7 @@ def main(argv: list[str] | None = None) -> int:
         "data": str(args.data), "workload_file": str(args.workload),
         "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "numpy": np.__version__},
     }
-    sections = args.only or list(SECTIONS)
+    sections = args.sections
     for name in sections:
         result[name] = SECTIONS[name](args, profiles)
     result["ok"] = all(result[name]["ok"] for name in sections)
@@ -460,6 +613,15 @@ def print_summary(result: dict[str, Any], sections: Sequence[str]) -> None:
                               (f"goodput_jct_over_{ref}", "<=", s["ok_jct"])):
             print(f"  {key} {s[key]:.3f} (target {sign} {s['targets'][key]}): {'ok' if ok else 'MISSED'}")
         print(f"  goodput_on_pareto_front {s['goodput_on_pareto_front']}")
+    if "typed" in sections:
+        s = result["typed"]
+        print(f"== typed ({s['workload']}, {s['jobs']} jobs, policy {s['policy']}, {s['seconds']} s)")
+        for arm, f in s["arms"].items():
+            per_type = "  ".join(f"{t} {h:.1f} node-h ${f['cost_by_type'][t]:.2f}"
+                                 for t, h in f["node_hours_by_type"].items())
+            print(f"  {arm:8s} ${f['cost']:8.2f}  node-hours {f['node_hours']:7.1f}  ({per_type})  "
+                  f"avg JCT {f['avg_jct_h']:.3f} h  makespan {f['makespan_h']:.2f} h")
+        print(f"  cost_saving {s['cost_saving']:.3f}  jct_ratio {s['jct_ratio']:.3f} (no target)")
 
 
 if __name__ == "__main__":

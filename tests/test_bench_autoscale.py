@@ -180,3 +180,44 @@ def test_change_points_keep_the_first_and_every_change(script):
     change_points = script.change_points
     assert change_points([0.0, 60.0, 120.0, 180.0], [1, 1, 2, 1]) == [[0.0, 1], [0.0333, 2], [0.05, 1]]
     assert change_points([], []) == []
+
+
+SIA = ROOT.parent / "shared" / "data" / "sia-sosp23"
+TYPED_JOBS = 4
+
+
+@pytest.mark.skipif(not (SIA / "workloads" / "philly").is_dir() or not (DATA / "traces").is_dir(),
+                    reason=f"shared data not found at {SIA} or {DATA}")
+def test_the_typed_section_bills_per_type_and_is_not_run_by_default(toy):
+    """``--only typed`` at toy size: cost is the sum of the types' node-hours at their prices, the fixed
+    arm holds every node of every pool throughout, the goodput arm starts empty; a run without
+    ``--typed`` or ``--only typed`` has no ``typed`` key."""
+    _, default_report, _ = toy
+    assert "typed" not in default_report
+    cmd = [sys.executable, str(SCRIPT), "--json", "--only", "typed", "--typed-jobs", str(TYPED_JOBS),
+           "--typed-prices", "aws=4,dgx-ext=30"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    typed = json.loads(proc.stdout)["typed"]
+    assert typed["prices"] == {"aws": 4.0, "dgx-ext": 30.0} and typed["policy"] == "sia"
+    arms = typed["arms"]
+    for f in arms.values():
+        assert f["completed"] == f["jobs"] == TYPED_JOBS
+        assert f["cost"] == pytest.approx(sum(f["node_hours_by_type"][t] * typed["prices"][t]
+                                              for t in typed["prices"]))
+        assert f["cost_by_type"] == pytest.approx({t: f["node_hours_by_type"][t] * p
+                                                   for t, p in typed["prices"].items()})
+        assert f["node_hours"] == pytest.approx(sum(f["node_hours_by_type"].values()))
+    fixed, good = arms["fixed"], arms["goodput"]
+    assert fixed["nodes_held_by_type"] == {"aws": [[0.0, 6]], "dgx-ext": [[0.0, 2]]}
+    assert all(series[0] == [0.0, 0] for series in good["nodes_held_by_type"].values())
+    assert typed["cost_saving"] == pytest.approx(1 - good["cost"] / fixed["cost"])
+    assert typed["jct_ratio"] == pytest.approx(good["avg_jct_h"] / fixed["avg_jct_h"])
+
+
+@needs_data
+def test_bad_typed_prices_exit_2(script, capsys):
+    for bad in ("aws=-1", "tpu=3", "aws"):
+        with pytest.raises(SystemExit) as exc:
+            script.main(["--json", "--only", "typed", "--typed-prices", bad])
+        assert exc.value.code == 2 and "--typed-prices" in capsys.readouterr().err

@@ -103,7 +103,7 @@ def autoscale_of(args: argparse.Namespace) -> Any:
         return None
     if isinstance(args.local_nodes, str):
         raise CliError("--autoscale adds untyped nodes of --gpus-per-node GPUs: leave typed "
-                       "--local-nodes out")
+                       "--local-nodes out (autoscaling per GPU type is simulator-only for now)")
     autoscale = server.Autoscale(bounds=args.autoscale, rule=args.autoscale_rule,
                                  options=tuple(args.autoscale_option), provision_delay_s=args.provision_delay)
     try:

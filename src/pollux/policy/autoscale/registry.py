@@ -1,4 +1,9 @@
-"""The autoscaling rules by name, as :mod:`pollux.policy.registry` holds the scheduling policies."""
+"""The autoscaling rules by name, as :mod:`pollux.policy.registry` holds the scheduling policies.
+
+Every rule here sizes a typed fleet too (``Fleet.pools``: a node count per GPU type, priced; see
+:mod:`.typed_rule`): GPU types are a property of the fleet, not a separate rule, so ``goodput`` on
+one pool and ``goodput`` on several are the same rule and agree where the two meet (one pool).
+"""
 
 from __future__ import annotations
 

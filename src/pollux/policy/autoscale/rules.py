@@ -20,6 +20,9 @@ With ``measure="goodput"`` this is the goodput rule (statistical efficiency incl
 as larger batches become useful); with ``measure="throughput"`` it is Or et al.'s (MLSys'20):
 the throughput of a fixed batch per GPU, which does not change during training, so the cluster grows
 early and stays. :class:`FixedSize` holds one size, for reference.
+
+On a fleet of several GPU types (``Fleet.pools``) both rules answer a node count per type, priced:
+:mod:`.typed_rule` (the same thresholds along the cheapest-utility path of :mod:`.typed_utility`).
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from pollux.policy.autoscale.api import AutoscaleState, Fleet, ScaleDecision
+from pollux.policy.autoscale.typed_rule import decide_typed, fill_pools, typed_decision
 from pollux.policy.autoscale.utility import Measure, speedup_curves, utility_by_size
 from pollux.policy.base import JobView
 
@@ -70,6 +74,8 @@ class ThresholdRule:
 
     def decide(self, jobs: Sequence[JobView], fleet: Fleet, state: AutoscaleState | None,
                now: float) -> tuple[ScaleDecision, AutoscaleState]:
+        if fleet.pools:
+            return decide_typed(self, jobs, fleet, state, now)      # a node count per GPU type
         state = dict(state or {})
         grown_at = float(state.get("grown_at", -math.inf))
         held = fleet.held
@@ -98,11 +104,15 @@ class ThresholdRule:
 
 @dataclass
 class FixedSize:
-    """One size, always (``nodes``, within the fleet's bounds)."""
+    """One size, always (``nodes``, within the fleet's bounds; on a typed fleet the pools are filled
+    in order, each to its maximum, so ``nodes`` = every pool's maximum is the whole cloud)."""
 
     nodes: int
     name: str = "fixed"
 
     def decide(self, jobs: Sequence[JobView], fleet: Fleet, state: AutoscaleState | None,
                now: float) -> tuple[ScaleDecision, AutoscaleState]:
+        if fleet.pools:
+            nodes = fill_pools(_clamp(self.nodes, fleet), fleet)
+            return typed_decision(nodes, "fixed size", None, fleet), dict(state or {})
         return ScaleDecision(_clamp(self.nodes, fleet), "fixed size"), dict(state or {})

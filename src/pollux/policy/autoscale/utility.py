@@ -16,11 +16,26 @@ from typing import Literal
 
 import numpy as np
 
+from pollux.goodput import BatchLimits, GoodputModel
 from pollux.policy.base import JobView
 
-__all__ = ["Measure", "speedup_curves", "utility_by_size"]
+__all__ = ["Measure", "best_values", "speedup_curves", "utility_by_size"]
 
 Measure = Literal["goodput", "throughput"]
+
+
+def best_values(model: GoodputModel, limits: BatchLimits, top: int, gpus_per_node: int,
+                measure: Measure) -> np.ndarray:
+    """A job's best goodput (or, for ``"throughput"``, its fixed batch per GPU's throughput) on
+    1..``top`` GPUs packed ``gpus_per_node`` to a node: the raw values a speedup curve divides."""
+    k = np.arange(1, top + 1)
+    nodes = -(-k // gpus_per_node)
+    if measure == "goodput":
+        return model.optimize(nodes, k, limits).goodput
+    local = float(limits.init_batch_size)
+    fits = k * local <= float(limits.max_batch)     # the batch grows with the GPUs, to the max
+    value = np.where(fits, model.throughput(nodes, k, local), 0.0)
+    return np.maximum.accumulate(value)
 
 
 def _curve(job: JobView, gpus: int, gpus_per_node: int, measure: Measure) -> np.ndarray:
@@ -35,15 +50,7 @@ def _curve(job: JobView, gpus: int, gpus_per_node: int, measure: Measure) -> np.
         out[1:] = 1.0                              # no model yet: one GPU is worth one, more nothing
         return out
     top = min(gpus, max(int(job.max_replicas), 1))
-    k = np.arange(1, top + 1)
-    nodes = -(-k // gpus_per_node)
-    if measure == "goodput":
-        value = job.model.optimize(nodes, k, job.limits).goodput
-    else:
-        local = float(job.limits.init_batch_size)
-        fits = k * local <= float(job.limits.max_batch)     # the batch grows with the GPUs, to the max
-        value = np.where(fits, job.model.throughput(nodes, k, local), 0.0)
-        value = np.maximum.accumulate(value)
+    value = best_values(job.model, job.limits, top, gpus_per_node, measure)
     one = float(value[0])
     if one <= 0:
         out[1:] = 1.0
