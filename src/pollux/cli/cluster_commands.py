@@ -162,7 +162,10 @@ def env_of(items: list[str]) -> dict[str, str]:
     return env
 
 
-def cmd_submit(args: argparse.Namespace) -> int:
+def script_spec(args: argparse.Namespace) -> dict[str, Any]:
+    """The job spec of ``pollux submit``'s script and sizing options (its working folder and script
+    checked here, so that a typo is named before anything reaches the service); shared with
+    ``pollux hpo run``, whose trials are such jobs."""
     workdir = Path(os.path.abspath(args.working_dir or os.getcwd()))
     if not workdir.is_dir():
         raise CliError(f"--working-dir {workdir}: no such folder")
@@ -170,22 +173,25 @@ def cmd_submit(args: argparse.Namespace) -> int:
     if not script.is_file():
         raise CliError(f"script {args.script}: no such file ({script})")
     spec: dict[str, Any] = {"entrypoint": str(script), "args": list(args.args), "working_dir": str(workdir),
-                            "init_batch_size": args.batch_size, "preemptible": not args.no_preempt,
+                            "init_batch_size": args.batch_size,
                             "resources": {"GPU": args.gpus_per_replica}}
-    if args.max_batch_size is not None:
-        spec["max_batch_size"] = args.max_batch_size
+    optional = {"max_batch_size": args.max_batch_size, "min_replicas": args.min_replicas,
+                "max_replicas": args.max_replicas}
+    spec.update({k: v for k, v in optional.items() if v is not None})
     if args.local_bsz_bounds is not None:
         spec["local_bsz_bounds"] = list(args.local_bsz_bounds)
-    if args.min_replicas is not None:
-        spec["min_replicas"] = args.min_replicas
-    if args.max_replicas is not None:
-        spec["max_replicas"] = args.max_replicas
+    if args.env:
+        spec["env"] = env_of(args.env)
+    return spec
+
+
+def cmd_submit(args: argparse.Namespace) -> int:
+    spec = script_spec(args)
+    spec["preemptible"] = not args.no_preempt
     if args.balance is not None:
         spec["balance"] = args.balance
     if args.kind is not None:
         spec["kind"] = args.kind
-    if args.env:
-        spec["env"] = env_of(args.env)
     with _client(args) as client:
         job = client.submit(spec, name=args.name)
     job.pop("token", None)

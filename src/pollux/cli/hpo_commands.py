@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import signal
 import sys
 from dataclasses import asdict
@@ -50,25 +49,9 @@ def _study_name(args: argparse.Namespace) -> str:
 
 def _template(args: argparse.Namespace) -> dict[str, Any]:
     """The job spec every trial shares, from the options ``pollux submit`` also takes."""
-    from pollux.cli.cluster_commands import env_of
+    from pollux.cli.cluster_commands import script_spec
 
-    workdir = Path(os.path.abspath(args.working_dir or os.getcwd()))
-    if not workdir.is_dir():
-        raise CliError(f"--working-dir {workdir}: no such folder")
-    script = Path(os.path.abspath(workdir / args.script))
-    if not script.is_file():
-        raise CliError(f"script {args.script}: no such file ({script})")
-    spec: dict[str, Any] = {"entrypoint": str(script), "args": list(args.args), "working_dir": str(workdir),
-                            "init_batch_size": args.batch_size,
-                            "resources": {"GPU": args.gpus_per_replica}}
-    optional = {"max_batch_size": args.max_batch_size, "min_replicas": args.min_replicas,
-                "max_replicas": args.max_replicas}
-    spec.update({k: v for k, v in optional.items() if v is not None})
-    if args.local_bsz_bounds is not None:
-        spec["local_bsz_bounds"] = list(args.local_bsz_bounds)
-    if args.env:
-        spec["env"] = env_of(args.env)
-    return spec
+    return script_spec(args)
 
 
 def _open(url: str, create: bool) -> Any:
