@@ -30,6 +30,7 @@ from pollux.goodput import BatchLimits, GoodputModel, GradStats, gain
 from pollux.policy.base import Cluster, JobView, fixed_shape
 from pollux.policy.registry import ADAPTIVE, ELASTIC, RIGID, JobKind
 from pollux.sim.batch_config import adaptive_batch_config, fixed_batch_config, job_limits, limits_on_type
+from pollux.sim.fit_memo import FitMemo
 from pollux.sim.gpu_time import GpuTime
 from pollux.sim.measurements import REMEASURE_TOLERANCE, Measurements
 from pollux.sim.oracle import PROFILE_GPUS_PER_NODE, ElasticOracle
@@ -54,11 +55,13 @@ class SimJob:
     """
 
     def __init__(self, spec: WorkloadJob, profile: AppProfile, kind: JobKind, config: Any,
-                 num_nodes: int, typed: TypeContext | None = None, bootstrap: bool = False) -> None:
+                 num_nodes: int, typed: TypeContext | None = None, bootstrap: bool = False,
+                 fit_memo: FitMemo | None = None) -> None:
         """``config`` is the run's :class:`pollux.sim.engine.SimConfig`; ``typed`` is given on a typed
         cluster (None: every node runs ``profile``, as before types existed). ``bootstrap``: on an
         untyped cluster, bootstrap an adaptive job's model from a 1-GPU profile (a type-aware
-        policy's one-type case; on a typed cluster ``typed.aware`` decides)."""
+        policy's one-type case; on a typed cluster ``typed.aware`` decides). ``fit_memo``: the
+        simulation's memo of throughput fits (:mod:`pollux.sim.fit_memo`), shared by its jobs."""
         self.spec = spec
         self.name = spec.name
         self.profile = profile
@@ -89,7 +92,7 @@ class SimJob:
         self.aware = typed is not None and typed.aware
         self.true_steps = TrueStepTimes(profile, typed, config.speeds()[:num_nodes], config.balance,
                                         self.factor, self.limits)
-        self.measured = Measurements(self.aware)
+        self.measured = Measurements(self.aware, fit_memo)
         self.gpu_time = GpuTime(len(typed.type_names) if typed is not None else 0)
         self.elastic_oracle = ElasticOracle(profile, spec.batch_size) if kind == ELASTIC else None
         # Typed cluster: the batch limits on each type the job has a profile for (its memory bound).

@@ -15,8 +15,10 @@ import math
 
 import numpy as np
 
-from pollux.goodput import BatchLimits, fit_throughput
+from pollux.goodput import BatchLimits
 from pollux.goodput.records import ThroughputParams
+from pollux.goodput.throughput_fit import ThroughputFit
+from pollux.sim.fit_memo import FitMemo, fit_records
 from pollux.sim.profiles import AppProfile
 from pollux.sim.type_context import TypeContext
 
@@ -49,10 +51,14 @@ def bootstrap_records(prof: AppProfile, lim: BatchLimits, factor: float) -> dict
 
 class Measurements:
     """One job's observed configurations and its fitted throughput parameters: one set (a
-    type-unaware policy) or one per GPU type index (``aware``), and how many fits were made."""
+    type-unaware policy) or one per GPU type index (``aware``), and how many fits were made.
 
-    def __init__(self, aware: bool) -> None:
+    ``memo`` (the simulation's :class:`pollux.sim.fit_memo.FitMemo`) answers a fit another job of the
+    same application already made; ``fits`` counts every fit asked for, remembered or not."""
+
+    def __init__(self, aware: bool, memo: FitMemo | None = None) -> None:
         self.aware = aware
+        self.memo = memo
         # Observed configurations: (nodes, replicas, m) -> (optimiser-step time, accumulation time).
         self.records: dict[Config, Timing] = {}
         self.params: ThroughputParams | None = None
@@ -135,23 +141,22 @@ class Measurements:
 
     def _refit_type(self, i: int) -> None:
         """Refit type ``i``'s throughput model from its records, warm-started from its last fit."""
-        recs = self.type_records[i]
-        keys = np.array(list(recs), dtype=np.float64)
-        vals = np.array(list(recs.values()), dtype=np.float64)
-        fit = fit_throughput(keys[:, 0], keys[:, 1], keys[:, 2], vals[:, 0], vals[:, 1],
-                             previous=self.type_params.get(i))
-        self.fits += 1
+        fit = self._fit(self.type_records[i], self.type_params.get(i))
         if fit.ok:
             self.type_params[i] = fit.params
 
     def _refit_untyped(self) -> None:
         """Refit the job's one throughput model from all its records (untyped cluster)."""
-        keys = np.array(list(self.records), dtype=np.float64)
-        vals = np.array(list(self.records.values()), dtype=np.float64)
-        # A fresh fit from the spec's starting point. Warm starts with a looser tolerance were ~5x faster
-        # per fit but gave the policy worse models: workload-6 avg JCT 3118 s instead of 2495 s.
-        fit = fit_throughput(keys[:, 0], keys[:, 1], keys[:, 2], vals[:, 0], vals[:, 1],
-                             previous=self.params)
-        self.fits += 1
+        # The full multi-start fit (the previous parameters are one start of several). Warm starts alone
+        # with a looser tolerance were ~5x faster per fit but gave the policy worse models: workload-6
+        # avg JCT 3118 s instead of 2495 s.
+        fit = self._fit(self.records, self.params)
         if fit.ok:
             self.params = fit.params
+
+    def _fit(self, records: dict[Config, Timing], previous: ThroughputParams | None) -> ThroughputFit:
+        """One fit of ``records`` from ``previous``, through the memo when the simulation has one."""
+        self.fits += 1
+        if self.memo is not None:
+            return self.memo.fit(records, previous)
+        return fit_records(records, previous)
