@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import bisect
 import heapq
+import itertools
 import math
 from typing import Any
 
@@ -66,6 +67,28 @@ class FillState:
         got = self._cache.get("desc")
         if got is None:
             got = self._cache["desc"] = np.argsort(-self.free, kind="stable")
+        return got
+
+    def free_list(self) -> list[int]:
+        """The free GPUs per node as a Python list: :func:`best_option` reads a few entries each
+        call, where indexing a list is much cheaper than numpy."""
+        got = self._cache.get("free_list")
+        if got is None:
+            got = self._cache["free_list"] = self.free.tolist()
+        return got
+
+    def owner_list(self) -> list[int]:
+        """The distributed-job owner per node (-1: none) as a Python list (see :meth:`free_list`)."""
+        got = self._cache.get("owner_list")
+        if got is None:
+            got = self._cache["owner_list"] = self.owner.tolist()
+        return got
+
+    def spread_list(self) -> list[int]:
+        """:meth:`spread_order` as a Python list."""
+        got = self._cache.get("spread_list")
+        if got is None:
+            got = self._cache["spread_list"] = self.spread_order().tolist()
         return got
 
     def spread_order(self) -> np.ndarray:
@@ -193,11 +216,15 @@ def best_option(prob: PolluxProblem, a: np.ndarray, j: int, st: FillState,
     greedy calls this thousands of times on short rows, where numpy's per-call cost dominates.
     """
     row = a[j]
-    mine = np.flatnonzero(row)
-    nn = int(mine.size)
+    mine_l: list[int] = np.flatnonzero(row).tolist()
+    nn = len(mine_l)
+    rm_l: list[int] = []
     if nn:
-        rm, fm = row[mine], st.free[mine]
-        r, own_free, host_own = int(rm.sum()), int(fm.sum()), int((fm + rm).max())
+        free_l = st.free_list()
+        rm_l = row[mine_l].tolist()
+        fm_l = [free_l[n] for n in mine_l]
+        r, own_free = sum(rm_l), sum(fm_l)
+        host_own = max(f + x for f, x in zip(fm_l, rm_l, strict=True))
     else:
         r = own_free = host_own = 0
     kmax = min(int(prob.max_replicas[j]) - r, st.total_free)
@@ -225,9 +252,7 @@ def best_option(prob: PolluxProblem, a: np.ndarray, j: int, st: FillState,
             v, mode = t_one[tot], SINGLE
         if best_any[tot] > v:
             if spread is None:
-                _, avail, keep = spread_order(prob, row, mine, st, j)
-                cum = np.cumsum(avail)
-                spread = (cum.tolist(), np.cumsum(avail > 0).tolist(), keep)
+                spread = _spread_sums(prob, mine_l, rm_l, st, j)
             cum_l, pos_l, keep = spread
             need = tot - (r if keep else 0)
             if cum_l and need <= cum_l[-1]:
@@ -254,6 +279,34 @@ def best_option(prob: PolluxProblem, a: np.ndarray, j: int, st: FillState,
     if best_k == 0:
         return 0.0, 0, 0
     return best_g, best_k, best_mode
+
+
+def _spread_sums(prob: PolluxProblem, mine: list[int], rm: list[int], st: FillState,
+                 j: int) -> tuple[list[int], list[int], bool]:
+    """What :func:`spread_order` offers job j, summed: the running total of GPUs over the nodes in
+    fill order, the running count of nodes that offer any, and whether the job keeps its GPUs.
+
+    The same order and offers as :func:`spread_order` (ties broken alike; tested to agree), on
+    Python lists: :func:`best_option` needs it for most jobs it weighs, on rows of a few nodes.
+    """
+    free = st.free_list()
+    if prob.interference:
+        owner = st.owner_list()
+        elig = [owner[n] < 0 or owner[n] == j for n in mine]
+    else:
+        elig = [True] * len(mine)
+    keep = bool(mine) and all(elig)
+    offer = [(free[n] if keep else free[n] + x) if e else 0
+             for n, x, e in zip(mine, rm, elig, strict=True)]
+    # Most offered first; sorted() is stable, so ties keep the node order (as argsort's "stable").
+    avail = sorted(offer, key=lambda v: -v)
+    others = st.spread_list()[: prob.max_nodes + len(mine)]
+    if mine:
+        own = set(mine)
+        others = [n for n in others if n not in own]
+    avail += [free[n] for n in others[: prob.max_nodes]]
+    return (list(itertools.accumulate(avail)),
+            list(itertools.accumulate(1 if v > 0 else 0 for v in avail)), keep)
 
 
 def estimates(prob: PolluxProblem, a: np.ndarray, free: np.ndarray, owner: np.ndarray,

@@ -180,8 +180,11 @@ class PolluxProblem:
 
     def row_speedup(self, j: int, row: np.ndarray) -> float:
         """Penalised speedup of job ``j`` on one row."""
-        s = float(self.lookup(j, int(np.count_nonzero(row)), int(row.sum())))
-        return s * float(self.pen[j]) if not np.array_equal(row, self.cur[j]) else s
+        # The table entry read from the job's Python lists (the greedy's fast path; the same value
+        # as ``lookup``).
+        rows, _ = self.tables.as_lists(j)
+        s = rows[min(int(np.count_nonzero(row)), self.tables.nt_max)][min(int(row.sum()), self.tables.rt_max)]
+        return s * float(self.pen[j]) if bool((row != self.cur[j]).any()) else s
 
     def fitness(self, matrix: np.ndarray) -> float:
         """FITNESS_p of one ``(jobs, nodes)`` matrix."""
