@@ -27,7 +27,8 @@ Phases (seconds, per run):
   allocation of the chosen matrix; Sia: its per-type placement and fallbacks (``SiaPolicy._place``);
 * ``decide.program_build``, ``decide.program_solve`` — Sia's configurations and costs, and the MILP;
 * ``decide.other`` — the rest of ``decide`` (the problem's constraints, repair, evaluation, state);
-* ``refits`` — the simulated agents' throughput fits (``fit_throughput`` in ``pollux.sim.measurements``);
+* ``refits`` — the simulated agents' throughput fits actually made (``pollux.sim.fit_memo.fit_records``;
+  a fit the simulation's memo already holds costs a lookup, charged to the phase that asked);
 * ``job_views`` — building the ``JobView`` of every active job every round (their goodput models);
 * ``job_apply`` — applying the round's allocation to the jobs (restart, batch choice);
 * ``job_advance`` — advancing the jobs through the round, less their refits;
@@ -82,7 +83,7 @@ import pollux.policy.pollux.policy as pollux_policy_module
 import pollux.policy.pollux.tables as tables_module
 import pollux.policy.sia as sia_module
 import pollux.sim.fairness as fairness_module
-import pollux.sim.measurements as measurements_module
+import pollux.sim.fit_memo as fit_memo_module
 from pollux.policy.base import Cluster
 from pollux.policy.clusterspec import format_cluster, parse_cluster
 from pollux.policy.pollux.problem import PolluxProblem
@@ -212,7 +213,7 @@ PATCHES: tuple[tuple[Any, str, str, str | None], ...] = (
     (SimJob, "view", "job_views", None),
     (SimJob, "apply", "job_apply", None),
     (SimJob, "advance", "job_advance", None),
-    (measurements_module, "fit_throughput", "refits", None),
+    (fit_memo_module, "fit_records", "refits", None),
     (pollux_policy_module.PolluxPolicy, "decide", "decide.other", None),
     (pollux_policy_module, "greedy", "decide.greedy_fill", "greedy_fills"),
     (local_module, "greedy", "decide.greedy_fill", "greedy_fills"),

@@ -93,15 +93,15 @@ def test_the_typed_sizes_run_on_the_sia_mix(quick, script):
 
 def test_the_wrappers_are_removed_afterwards(script):
     from pollux.policy.pollux import policy as pollux_policy
-    from pollux.sim import measurements
+    from pollux.sim import fit_memo
     from pollux.sim.engine import SimJob
 
-    before = (SimJob.advance, measurements.fit_throughput, pollux_policy.greedy)
+    before = (SimJob.advance, fit_memo.fit_records, pollux_policy.greedy)
     clock = script.PhaseClock()
     with pytest.raises(RuntimeError), script.instrumented(clock):
-        assert measurements.fit_throughput is not before[1]
+        assert fit_memo.fit_records is not before[1]
         raise RuntimeError("a failed run")
-    assert (SimJob.advance, measurements.fit_throughput, pollux_policy.greedy) == before
+    assert (SimJob.advance, fit_memo.fit_records, pollux_policy.greedy) == before
 
 
 def test_nested_calls_count_once(script):
