@@ -33,10 +33,10 @@ import numpy as np
 
 from pollux.cluster.backends.launcher import gpus_per_replica
 from pollux.cluster.control.outlook import OutlookCache
+from pollux.cluster.control.parsed_hints import HintsMemo, ParsedHints, hints_text, parse_hints
 from pollux.cluster.state.lifecycle import SCHEDULED_STATES
 from pollux.cluster.state.records import JobOutlook
 from pollux.cluster.state.store import JobRecord, JobStore
-from pollux.hints import hints_to_model, hints_to_type_models
 from pollux.policy.base import (
     Allocation,
     Cluster,
@@ -60,7 +60,8 @@ REPLICA_BOUND = 2**16
 
 
 def job_view(job: JobRecord, hints: Mapping[str, Any] | None, now: float,
-             total_gpus: int | None = None, gpu_types: Sequence[str] | None = None) -> JobView:
+             total_gpus: int | None = None, gpu_types: Sequence[str] | None = None,
+             parsed: ParsedHints | None = None) -> JobView:
     """What a policy may know about a stored job.
 
     ``hints`` None (the job has reported none) leaves ``model``/``limits`` None, which the policies
@@ -74,7 +75,8 @@ def job_view(job: JobRecord, hints: Mapping[str, Any] | None, now: float,
     ``type_limits``: the job's model on each type it has reported (hints v2 ``gpu_type``/``types``),
     and on a type it has not run on yet its current model — the best guess until it runs there,
     so that the policy may still choose the type (a type absent from ``type_models`` could not run
-    the job at all).
+    the job at all). ``parsed``: those hints already parsed (:class:`.parsed_hints.HintsMemo`, with
+    the same ``gpu_types``), so that a round does not validate unchanged hints again.
     """
     spec = job.spec
     total = None if total_gpus is None else max(int(total_gpus), 0)
@@ -85,15 +87,8 @@ def job_view(job: JobRecord, hints: Mapping[str, Any] | None, now: float,
     min_replicas = min(max(int(spec.min_replicas), per if per > 1 else 0), bound)
     max_replicas = cap if spec.max_replicas is None else min(int(spec.max_replicas), bound)
     max_replicas = max(max_replicas, min_replicas, 1)
-    model = limits = None
-    seen = 0
-    type_models = type_limits = None
-    if hints is not None:
-        model, limits, seen = hints_to_model(hints)
-        if gpu_types is not None:
-            measured, measured_limits = hints_to_type_models(hints)
-            type_models = {t: measured.get(t, model) for t in gpu_types}
-            type_limits = {t: measured_limits.get(t, limits) for t in gpu_types}
+    if parsed is None and hints is not None:
+        parsed = parse_hints(hints, gpu_types)
     return JobView(
         id=job.id,
         submit_time=float(job.submit_time),
@@ -104,12 +99,12 @@ def job_view(job: JobRecord, hints: Mapping[str, Any] | None, now: float,
         min_replicas=min_replicas,
         max_replicas=max_replicas,
         preemptible=bool(spec.preemptible),
-        model=model,
-        limits=limits,
-        max_replicas_seen=int(seen),
+        model=None if parsed is None else parsed.model,
+        limits=None if parsed is None else parsed.limits,
+        max_replicas_seen=0 if parsed is None else parsed.max_replicas_seen,
         fixed=fixed_shape(min_replicas, spec.init_batch_size),
-        type_models=type_models,
-        type_limits=type_limits,
+        type_models=None if parsed is None else parsed.type_models,
+        type_limits=None if parsed is None else parsed.type_limits,
     )
 
 
@@ -147,9 +142,8 @@ def _why(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {str(exc)[:300]}"
 
 
-def _fingerprint(hints: Mapping[str, Any] | None, cluster: Cluster) -> str:
-    return json.dumps([hints, list(cluster.nodes), list(cluster.gpus), list(cluster.types)], sort_keys=True,
-                      default=repr)
+def _cluster_text(cluster: Cluster) -> str:
+    return json.dumps([list(cluster.nodes), list(cluster.gpus), list(cluster.types)], default=repr)
 
 
 def _decide(policy: Policy, views: Sequence[JobView], cluster: Cluster, previous: Allocation,
@@ -163,11 +157,13 @@ class _Isolation:
     """Which jobs a round schedules without their hints or leaves out, and why (see the module doc).
 
     Remembered per job with a fingerprint of its hints and the cluster, so a job that keeps sending
-    the same bad hints costs one isolation, and its error is logged once.
+    the same bad hints costs one isolation, and its error is logged once. Good hints are parsed once
+    per body too (:class:`.parsed_hints.HintsMemo`).
     """
 
     def __init__(self) -> None:
         self.notes: dict[str, tuple[str, str, str]] = {}   # job → (fingerprint, "bare" | "out", why)
+        self.parsed = HintsMemo()
 
     def note(self, job_id: str, fingerprint: str, action: str, why: str) -> None:
         if self.notes.get(job_id, ("", "", ""))[:2] != (fingerprint, action):
@@ -180,9 +176,11 @@ class _Isolation:
         views, prints = [], {}
         types = cluster.type_names if type_aware else None
         stored = store.hints_of(j.id for j in jobs)   # one query for the round, not one per job
+        where = _cluster_text(cluster)
         for j in jobs:
             hints = stored.get(j.id)
-            fp = prints[j.id] = _fingerprint(hints, cluster)
+            text = hints_text(hints)
+            fp = prints[j.id] = f"{text}|{where}"
             known = self.notes.get(j.id)
             if known is not None and known[0] == fp:
                 if known[1] == "out":
@@ -190,7 +188,8 @@ class _Isolation:
                     continue
                 hints = None
             try:
-                views.append(job_view(j, hints, now, cluster.total_gpus, types))
+                parsed = None if hints is None else self.parsed.parse(j.id, text, hints, types)
+                views.append(job_view(j, hints, now, cluster.total_gpus, types, parsed))
                 continue
             except Exception as exc:
                 why = _why(exc)
@@ -201,6 +200,7 @@ class _Isolation:
                 self.note(j.id, fp, "out", _why(exc))
                 excluded[j.id] = _why(exc)
         self.notes = {k: v for k, v in self.notes.items() if k in prints}
+        self.parsed.keep_only(prints)
         return views, prints
 
     def isolate(self, policy: Policy, views: Sequence[JobView], cluster: Cluster, previous: Allocation,
@@ -313,10 +313,13 @@ class Scheduler:
         A job whose hints do not validate is seen without them, as a round would schedule it."""
         jobs = self.store.list_jobs(SCHEDULED_STATES)
         stored = self.store.hints_of(j.id for j in jobs)
+        memo = self._isolation.parsed   # the round's memo: hints parsed once per body
         out = []
         for j in jobs:
+            hints = stored.get(j.id)
             try:
-                out.append(job_view(j, stored.get(j.id), now, total_gpus))
+                parsed = None if hints is None else memo.parse(j.id, hints_text(hints), hints, None)
+                out.append(job_view(j, hints, now, total_gpus, None, parsed))
             except Exception:
                 out.append(job_view(j, None, now, total_gpus))
         return out
