@@ -36,7 +36,7 @@ import reprlib
 import shutil
 import stat
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -384,8 +384,12 @@ class JobSpec:
         return cls("<invalid>", 1), first
 
     def to_dict(self) -> dict[str, Any]:
-        """Plain JSON types; ``JobSpec.from_dict(spec.to_dict()) == spec``."""
-        out = asdict(self)
+        """Plain JSON types; ``JobSpec.from_dict(spec.to_dict()) == spec``.
+
+        Field by field rather than ``dataclasses.asdict``, whose recursive deep copy was most of the
+        time of listing 5,000 jobs (the containers are copied below; every other field is a scalar).
+        """
+        out = {f.name: getattr(self, f.name) for f in fields(self)}
         out["args"] = list(self.args)
         out["local_bsz_bounds"] = None if self.local_bsz_bounds is None else list(self.local_bsz_bounds)
         out["resources"] = dict(self.resources)
