@@ -385,12 +385,28 @@ class RayBackend:
             handles.append(ReplicaHandle("?", 0, 0, "?", actor))
         if not handles:
             return
-        self.signal(handles, signal.SIGTERM, timeout_s=grace_s)
         deadline = time.monotonic() + grace_s
-        waits = [h.actor.wait_exit.remote() for h in handles]
+        sent = []
+        for h in handles:
+            try:
+                sent.append((h, h.actor.signal.remote(int(signal.SIGTERM))))
+            except Exception:  # already gone
+                pass
+        self.ready([ref for _, ref in sent], grace_s)
+        # Wait only for the actors that had a process to signal: one whose launch was cut short before
+        # its process started never exits on its own (a restarted service waited out the grace).
+        running = [h for h, ref in sent if self._signalled(ref)]
+        waits = [h.actor.wait_exit.remote() for h in running]
         self.ready(waits, max(deadline - time.monotonic(), 0.0))
         self.signal(handles, signal.SIGKILL, timeout_s=2.0)
         self.release(handles)
+
+    def _signalled(self, ref: Any) -> bool:
+        """Whether an actor's ``signal`` call reached a running process (False if it failed)."""
+        try:
+            return bool(self._ray.get(ref, timeout=0.1))
+        except Exception:
+            return False
 
     def kill_by_name(self, name: str, grace_s: float = 5.0) -> None:
         """Stop one orphaned replica (see :meth:`kill_by_names`)."""
