@@ -453,3 +453,24 @@ def test_default_lambda_n_admits_a_waiting_job_by_shrinking_another() -> None:
     assert set(out) == {"r0", "r1", "n"}
     out, _ = decide(SiaPolicy(lambda_n=1.1), [*running, new], cluster)
     assert "n" not in out                                # Sia's 1.1: it waits behind 2-GPU jobs
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_a_table_on_fewer_free_gpus_is_the_same_table_cut_and_reuses_the_goodputs(seed: int) -> None:
+    """The configurations' goodputs are memoised over every count up to a job's cap, whatever the free
+    GPUs: a round with fewer free GPUs gets exactly the entries it would have computed itself, and
+    computes none anew."""
+    rng = np.random.default_rng(3000 + seed)
+    cluster = parse_cluster("aws:2x4,dgx-ext:2x8")
+    jobs = random_jobs(rng, cluster, 6, pinned_ok=False)
+    full = np.array(list(cluster.type_capacity().values()))
+    scarce = np.array([int(rng.integers(1, c + 1)) for c in full])
+    warm = SiaPolicy()
+    warm.table(jobs, cluster, full)
+    entries = len(warm._cache._data)
+    cut = warm.table(jobs, cluster, scarce)
+    assert len(warm._cache._data) == entries                       # nothing computed anew
+    fresh = SiaPolicy().table(jobs, cluster, scarce)
+    for name in ("job", "gtype", "count", "goodput", "changed", "cost", "idle_cost", "norm", "factor"):
+        assert np.array_equal(getattr(cut, name), getattr(fresh, name)), name
+    assert cut.counts == fresh.counts

@@ -208,14 +208,18 @@ def build_configs(
             else:
                 if limits is None:
                     limits = BatchLimits(model.init_batch_size)
-                cap = min(_job_cap(job, limits, explore_factor), upper_hw)
-                cand = np.concatenate([base_counts(int(node_size[t]), cap),
+                # Every count up to the job's cap, free GPUs or not: the goodputs of this set are
+                # memoised across rounds (the free GPUs change every round; the model seldom), and
+                # the counts above the free GPUs are dropped after the lookup.
+                cand = np.concatenate([base_counts(int(node_size[t]), _job_cap(job, limits, explore_factor)),
                                        np.asarray([int(job.min_replicas), keep], dtype=np.int64)])
             cand = np.unique(cand)
-            cand = cand[(cand >= lo) & (cand <= upper_hw)]
-            if cand.size == 0:
+            cand = cand[cand >= lo]
+            fits = cand <= upper_hw
+            if not fits.any():
                 continue
             if model is None:
+                cand = cand[fits]
                 raw.append((t, cand, cand.astype(np.float64) / float(cand[0])))
                 per_type[t] = tuple(int(c) for c in cand)
                 continue
@@ -226,7 +230,11 @@ def build_configs(
             if cur is not None and cur[0] == t:
                 nodes = np.where(cand == cur[1], cur[2], nodes)
             # One call per (job, type): the candidates plus the 1-GPU reference of the normaliser.
-            good = cache.goodput(model, limits, np.concatenate([nodes, [1]]), np.concatenate([cand, [1]]))
+            # Each entry is computed on its own (optimize is elementwise), so dropping the counts that
+            # do not fit afterwards gives exactly what computing only the others would.
+            every = cache.goodput(model, limits, np.concatenate([nodes, [1]]), np.concatenate([cand, [1]]))
+            good = np.concatenate([every[:-1][fits], every[-1:]])
+            cand = cand[fits]
             best1 = max(best1, float(good[-1]))
             ok = good[:-1] > 0.0
             if ok.any():
