@@ -38,6 +38,11 @@ EPOCH_LINE = re.compile(r" digits INFO epoch (\d+): ")
 RULE_OPTIONS = ("grow_above=0.9", "grow_to=0.6", "shrink_below=0.6", "cooldown_s=0")
 #: The service's tick (``--tick``, default 0.5 s).
 TICK_S = 0.5
+#: Epochs of ``short``: it must outlast mover's first epoch and checkpoint on the second node (at 4 it
+#: ended 0.6 s after mover started on a fast machine, and mover's move then started from scratch).
+SHORT_EPOCHS = 7
+#: Epochs of the ``long`` job: enough that it still runs on the first node when mover moves there.
+LONG_EPOCHS = 24
 #: How long after a decision the nodes must match it.
 FOLLOW_S = 30.0
 
@@ -87,7 +92,11 @@ def run_scenario(state: Path, ray_address: str | None = None) -> None:
         fleet, _ = wait(lambda f, j: f["target"] == 0, 30, "the first decision")
         assert fleet["ready"] == [] and fleet["pending"] == 0 and fleet["min_nodes"] == 0
 
-        ids = {name: submit(name, epochs) for name, epochs in (("short", 4), ("long", 9))}
+        # ``long`` must outlive the move: were it done, the first node would stand empty while mover's
+        # new run launches there, and Ray's autoscaler, asked for one node, may let go of that idle
+        # one instead of the second (seen on a fast machine: long ended 2 s after short at 9 epochs).
+        ids = {name: submit(name, epochs)
+               for name, epochs in (("short", SHORT_EPOCHS), ("long", LONG_EPOCHS))}
         wait(lambda f, j: all(j[n]["state"] == "running" for n in ("short", "long")), 90,
              "short and long running")
         fleet, jobs = look()
@@ -102,8 +111,9 @@ def run_scenario(state: Path, ray_address: str | None = None) -> None:
         assert jobs["mover"]["allocation"] == {second: 1}, jobs["mover"]
         assert jobs["short"]["state"] == "running", "short ended before mover ran: make it longer"
 
-        wait(lambda f, j: j["mover"]["restarts"] >= 1 and j["mover"]["state"] == "running", 120,
-             "mover moved off the drained node")
+        _, jobs = wait(lambda f, j: j["mover"]["restarts"] >= 1 and j["mover"]["state"] == "running", 120,
+                       "mover moved off the drained node")
+        assert jobs["long"]["state"] == "running", "long ended before mover moved: make it longer"
         fleet, jobs = wait(lambda f, j: f["ready"] == [first] and not f["leaving"] and not f["draining"],
                            FOLLOW_S, "the second node gone")
         assert jobs["mover"]["allocation"] == {first: 1}, jobs["mover"]
