@@ -11,13 +11,14 @@ empty, Or et al.'s jobs really run their initial batch on every GPU, and the plo
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from bench_scripts import load_script
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "benchmarks" / "autoscale.py"
@@ -32,11 +33,7 @@ needs_data = pytest.mark.skipif(not (DATA / "traces").is_dir(), reason=f"shared 
 @pytest.fixture(scope="module")
 def script():
     """The benchmark as a module (it is a script, not in a package), for its pure functions."""
-    spec = importlib.util.spec_from_file_location("autoscale_bench", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script(SCRIPT, "autoscale_bench")
 
 
 @pytest.fixture(scope="module")

@@ -10,7 +10,6 @@ before exiting.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import signal
@@ -20,21 +19,15 @@ from pathlib import Path
 
 import pytest
 
+from bench_scripts import load_script
+
 ROOT = Path(__file__).resolve().parents[1]
 BENCH = ROOT / "benchmarks" / "chaos.py"
 RAY_ENV = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_USAGE_STATS_ENABLED": "0"}
 
 
 def load_bench():
-    sys.path.insert(0, str(BENCH.parent))
-    try:
-        spec = importlib.util.spec_from_file_location("chaos_bench", BENCH)
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[spec.name] = module
-        spec.loader.exec_module(module)
-    finally:
-        sys.path.remove(str(BENCH.parent))
-    return module
+    return load_script(BENCH, "chaos_bench", with_siblings=True)
 
 
 def test_chaos_quick_loses_no_job_and_runs_none_twice():

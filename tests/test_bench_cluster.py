@@ -3,19 +3,16 @@ rank log (``pollux.contract``), not from a free-text log line."""
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 
+from bench_scripts import load_script
 from pollux.contract import EVENT_FIRST_STEP, format_event
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def load_bench():
-    spec = importlib.util.spec_from_file_location("bench_cluster", ROOT / "benchmarks" / "cluster.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script(ROOT / "benchmarks" / "cluster.py", "bench_cluster")
 
 
 def test_first_step_times_come_from_the_events_of_every_rank(tmp_path):

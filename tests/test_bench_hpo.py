@@ -12,7 +12,6 @@ is written; bad input exits 2 naming the option.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import subprocess
 import sys
@@ -20,6 +19,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+
+from bench_scripts import load_script
 
 pytest.importorskip("optuna")
 
@@ -35,11 +36,7 @@ needs_data = pytest.mark.skipif(not (DATA / "traces").is_dir(), reason=f"shared 
 @pytest.fixture(scope="module")
 def script():
     """The benchmark as a module (it is a script, not in a package), for its pure functions."""
-    spec = importlib.util.spec_from_file_location("hpo_bench", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script(SCRIPT, "hpo_bench")
 
 
 @pytest.fixture(scope="module")

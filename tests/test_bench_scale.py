@@ -9,7 +9,6 @@ exponents, positive times, the sizes asked for), not their values.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
 import os
@@ -18,6 +17,8 @@ import sys
 from pathlib import Path
 
 import pytest
+
+from bench_scripts import load_script
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "benchmarks" / "scale.py"
@@ -31,13 +32,7 @@ needs_data = pytest.mark.skipif(not HAVE_DATA, reason=f"shared data not found un
 @pytest.fixture(scope="module")
 def script():
     """The benchmark as a module (it is a script, not in a package), for its constants and parser."""
-    spec = importlib.util.spec_from_file_location("scale_bench", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    # Registered before it runs: its dataclasses look their module up by name.
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_script(SCRIPT, "scale_bench")
 
 
 @pytest.fixture(scope="module")

@@ -17,6 +17,8 @@ from pathlib import Path
 
 import pytest
 
+from bench_scripts import load_script
+
 pytest.importorskip("ray")
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -61,12 +63,7 @@ def test_service_load_benchmark_at_six_jobs():
 
 
 def load_bench_module():
-    import importlib.util
-    spec = importlib.util.spec_from_file_location("service_load_bench", BENCH)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module           # dataclasses look their module up there
-    spec.loader.exec_module(module)
-    return module
+    return load_script(BENCH, "service_load_bench")
 
 
 def test_duplicate_runs_are_found_in_proc_records_and_in_the_store(tmp_path):

@@ -10,7 +10,6 @@ afterwards.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import subprocess
@@ -18,6 +17,8 @@ import sys
 from pathlib import Path
 
 import pytest
+
+from bench_scripts import load_script
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "benchmarks" / "sim_profile.py"
@@ -31,13 +32,7 @@ needs_data = pytest.mark.skipif(not HAVE_DATA, reason=f"shared data not found un
 @pytest.fixture(scope="module")
 def script():
     """The benchmark as a module (it is a script, not in a package), for its pure parts."""
-    spec = importlib.util.spec_from_file_location("sim_profile_bench", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    # Registered before it runs: its dataclasses look their module up by name.
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_script(SCRIPT, "sim_profile_bench")
 
 
 @pytest.fixture(scope="module")

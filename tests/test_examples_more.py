@@ -7,7 +7,6 @@ environment stripped of POLLUX_* and torchrun variables) and its JSON lines are 
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import subprocess
@@ -16,6 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from bench_scripts import load_script
+
 ROOT = Path(__file__).resolve().parents[1]
 BENCH = ROOT / "benchmarks" / "agent_decisions.py"
 TORCHRUN_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
@@ -23,12 +24,7 @@ TORCHRUN_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER
 
 
 def load_bench():
-    spec = importlib.util.spec_from_file_location("agent_decisions", BENCH)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault("agent_decisions", module)
-    spec.loader.exec_module(module)
-    return module
+    return load_script(BENCH, "agent_decisions")
 
 
 ad = load_bench()
