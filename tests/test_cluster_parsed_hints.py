@@ -40,6 +40,10 @@ def test_a_body_is_parsed_once_and_again_only_when_its_text_changes():
     typed = memo.parse("a", hints_text(changed), changed, ("t4", "a100"))   # the types are part of it
     assert typed.type_models is not None and set(typed.type_models) == {"t4", "a100"}
     assert (memo.hits, memo.misses) == (1, 3)
+    # A type-aware round and a type-unaware view of the same job keep one entry each.
+    assert memo.parse("a", hints_text(changed), changed, None) is second
+    assert memo.parse("a", hints_text(changed), changed, ("t4", "a100")) is typed
+    assert (memo.hits, memo.misses) == (3, 3)
     memo.keep_only(["b"])
     memo.parse("a", hints_text(changed), changed, ("t4", "a100"))
     assert memo.misses == 4

@@ -55,31 +55,33 @@ def hints_text(hints: Mapping[str, Any] | None) -> str:
 
 
 class HintsMemo:
-    """Each job's parsed hints, keyed by the body's text and the GPU types asked for.
+    """Each job's parsed hints for each set of GPU types asked for, with the body's text they came from.
 
-    A body that does not validate is not remembered: it raises every time it is parsed (the round's
-    isolation remembers those jobs itself).
+    One entry per (job, types): a type-aware round and the autoscaling rule's type-unaware view of the
+    same jobs each keep theirs, rather than replacing each other's every round. A body that does not
+    validate is not remembered: it raises every time it is parsed (the round's isolation remembers
+    those jobs itself).
     """
 
     def __init__(self) -> None:
-        self._parsed: dict[str, tuple[str, tuple[str, ...] | None, ParsedHints]] = {}
+        self._parsed: dict[tuple[str, tuple[str, ...] | None], tuple[str, ParsedHints]] = {}
         self.hits = 0
         self.misses = 0
 
     def parse(self, job_id: str, text: str, hints: Mapping[str, Any],
               gpu_types: Sequence[str] | None) -> ParsedHints:
         """:func:`parse_hints` of ``hints`` (whose :func:`hints_text` is ``text``), remembered."""
-        types = None if gpu_types is None else tuple(gpu_types)
-        known = self._parsed.get(job_id)
-        if known is not None and known[0] == text and known[1] == types:
+        key = (job_id, None if gpu_types is None else tuple(gpu_types))
+        known = self._parsed.get(key)
+        if known is not None and known[0] == text:
             self.hits += 1
-            return known[2]
+            return known[1]
         self.misses += 1
-        parsed = parse_hints(hints, types)
-        self._parsed[job_id] = (text, types, parsed)
+        parsed = parse_hints(hints, key[1])
+        self._parsed[key] = (text, parsed)
         return parsed
 
     def keep_only(self, job_ids: Iterable[str]) -> None:
         """Forget the jobs not in ``job_ids`` (ended ones), so the memo stays the size of a round."""
         keep = set(job_ids)
-        self._parsed = {k: v for k, v in self._parsed.items() if k in keep}
+        self._parsed = {k: v for k, v in self._parsed.items() if k[0] in keep}
