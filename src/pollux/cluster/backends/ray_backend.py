@@ -332,14 +332,21 @@ class RayBackend:
 
     def signal(self, handles: Sequence[ReplicaHandle], signum: int, timeout_s: float | None = None) -> None:
         """Signal the replicas' process trees; waits for the answers only if ``timeout_s`` is given."""
-        refs = []
-        for h in handles:
-            try:
-                refs.append(h.actor.signal.remote(int(signum)))
-            except Exception:  # already gone
-                pass
+        refs = [ref for _, ref in self._send(handles, signum)]
         if timeout_s is not None:
             self.ready(refs, timeout_s)
+
+    @staticmethod
+    def _send(handles: Sequence[ReplicaHandle], signum: int) -> list[tuple[ReplicaHandle, Any]]:
+        """Ask each replica's actor to signal its process tree: (handle, answer ref) of each actor
+        still there (an actor already gone is skipped)."""
+        sent = []
+        for h in handles:
+            try:
+                sent.append((h, h.actor.signal.remote(int(signum))))
+            except Exception:  # already gone
+                pass
+        return sent
 
     def release(self, handles: Sequence[ReplicaHandle]) -> None:
         """Kill the actors (their processes, if still alive, die with them)."""
@@ -386,12 +393,7 @@ class RayBackend:
         if not handles:
             return
         deadline = time.monotonic() + grace_s
-        sent = []
-        for h in handles:
-            try:
-                sent.append((h, h.actor.signal.remote(int(signal.SIGTERM))))
-            except Exception:  # already gone
-                pass
+        sent = self._send(handles, signal.SIGTERM)
         self.ready([ref for _, ref in sent], grace_s)
         # Wait only for the actors that had a process to signal: one whose launch was cut short before
         # its process started never exits on its own (a restarted service waited out the grace).
