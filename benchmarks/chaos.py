@@ -94,6 +94,7 @@ from typing import Any
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import commit_id
 import service_load  # the /proc watcher and the duplicate-run checks
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -179,21 +180,8 @@ def stats_s(values: list[float]) -> dict[str, Any]:
 
 
 def read_commit() -> str | None:
-    """The checked-out commit, read from ``.git`` (HEAD, the ref's file or packed-refs)."""
-    git = ROOT / ".git"
-    try:
-        head = (git / "HEAD").read_text().strip()
-        if not head.startswith("ref: "):
-            return head or None
-        ref = head[5:]
-        if (git / ref).is_file():
-            return (git / ref).read_text().strip() or None
-        for line in (git / "packed-refs").read_text().splitlines():
-            if line.endswith(" " + ref):
-                return line.split()[0]
-    except OSError:
-        return None
-    return None
+    """The checked-out commit (:func:`commit_id.read_commit`)."""
+    return commit_id.read_commit(ROOT)
 
 
 def free_port() -> int:

@@ -72,6 +72,7 @@ import numpy as np
 # The sibling benchmarks are scripts, not a package: their folder is on the path when this one runs
 # as a script; added here for ``import`` from elsewhere (the tests load it by path).
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import commit_id
 import heterogeneous as hetero_bench
 import policy as policy_bench
 import sim_profile
@@ -520,26 +521,9 @@ def run_sims(plan: Plan) -> tuple[list[SimRun], dict[str, Any], dict[str, Any]]:
 
 
 def head_commit() -> str | None:
-    """The checked-out commit, read from ``.git`` (short form), or None.
-
-    Read from the files rather than by running ``git``: the benchmark must not touch a tree that
-    someone else may be committing in, and a plain read cannot take git's lock.
-    """
-    git = sim_profile.REPO / ".git"
-    try:
-        head = (git / "HEAD").read_text().strip()
-        if not head.startswith("ref: "):
-            return head[:7] or None
-        ref = head[5:]
-        loose = git / ref
-        if loose.is_file():
-            return loose.read_text().strip()[:7] or None
-        for line in (git / "packed-refs").read_text().splitlines():
-            if line.endswith(" " + ref):
-                return line.split()[0][:7]
-    except OSError:
-        return None
-    return None
+    """The checked-out commit, short form (:func:`commit_id.read_commit`), or None."""
+    full = commit_id.read_commit(sim_profile.REPO)
+    return full[:7] if full else None
 
 
 def main(argv: list[str] | None = None) -> int:

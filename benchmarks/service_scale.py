@@ -85,6 +85,9 @@ from pollux.cluster.backends.api import (
     actor_name,
 )
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import commit_id  # the script beside this one
+
 ROOT = Path(__file__).resolve().parents[1]
 ADMIN_TOKEN = "service-scale-admin-token"
 #: Files the service child writes in its state folder for the benchmark.
@@ -701,21 +704,8 @@ def run(args: argparse.Namespace, work: Path, out: dict[str, Any]) -> None:
 
 
 def commit() -> str | None:
-    """The checked-out commit, read from ``.git`` (no git process)."""
-    try:
-        head = (ROOT / ".git" / "HEAD").read_text().strip()
-        if head.startswith("ref: "):
-            ref = head[5:]
-            path = ROOT / ".git" / ref
-            if path.exists():
-                return path.read_text().strip()
-            for line in (ROOT / ".git" / "packed-refs").read_text().splitlines():
-                if line.endswith(" " + ref):
-                    return line.split()[0]
-            return None
-        return head
-    except OSError:
-        return None
+    """The checked-out commit (:func:`commit_id.read_commit`)."""
+    return commit_id.read_commit(ROOT)
 
 
 def main(argv: list[str] | None = None) -> int:
