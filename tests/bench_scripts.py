@@ -1,4 +1,4 @@
-"""The benchmark scripts as modules, for the tests of their pure parts.
+"""The benchmark scripts as the tests use them: as modules (for their pure parts) and as processes.
 
 A script under ``benchmarks/`` is not in a package, so a test imports it from its file. It is
 registered in ``sys.modules`` before it runs, because dataclasses look their module up there; one that
@@ -9,9 +9,17 @@ while it loads.
 from __future__ import annotations
 
 import importlib.util
+import json
+import os
+import signal
+import subprocess
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 from types import ModuleType
+from typing import Any
+
+import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 BENCHMARKS = ROOT / "benchmarks"
@@ -36,3 +44,32 @@ def load_script(path: Path, name: str, *, with_siblings: bool = False) -> Module
         if added:
             sys.path.remove(folder)
     return module
+
+
+def run_benchmark(script: Path, *args: str, timeout_s: float, cleanup_s: float = 60.0,
+                  env: Mapping[str, str] | None = None) -> tuple[int, str, str]:
+    """Run a benchmark script to its end: (exit status, stdout, stderr). One that overruns
+    ``timeout_s`` gets SIGTERM — its own clean-up stops what it started — then ``cleanup_s`` more
+    before it is killed, and the test fails with its stderr."""
+    proc = subprocess.Popen([sys.executable, str(script), *args], cwd=ROOT, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True,
+                            env=None if env is None else {**os.environ, **env})
+    try:
+        out, err = proc.communicate(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            out, err = proc.communicate(timeout=cleanup_s)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            out, err = proc.communicate()
+        pytest.fail(f"{script.name} overran {timeout_s:.0f} s; its stderr:\n{err[-4000:]}")
+    return proc.returncode, out, err
+
+
+def run_quick_json(script: Path, timeout_s: float) -> tuple[dict[str, Any], str]:
+    """``script --quick --json`` with one BLAS thread: its report and its stderr (the run must succeed)."""
+    proc = subprocess.run([sys.executable, str(script), "--quick", "--json"], capture_output=True, text=True,
+                          timeout=timeout_s, cwd=ROOT, env=dict(os.environ, OMP_NUM_THREADS="1"))
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return json.loads(proc.stdout), proc.stderr

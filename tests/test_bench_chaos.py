@@ -11,15 +11,11 @@ before exiting.
 from __future__ import annotations
 
 import json
-import os
-import signal
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from bench_scripts import load_script
+from bench_scripts import load_script, run_benchmark
 
 ROOT = Path(__file__).resolve().parents[1]
 BENCH = ROOT / "benchmarks" / "chaos.py"
@@ -32,23 +28,11 @@ def load_bench():
 
 def test_chaos_quick_loses_no_job_and_runs_none_twice():
     pytest.importorskip("ray")
-    proc = subprocess.Popen([sys.executable, str(BENCH), "--quick", "--json"], cwd=ROOT,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env={**os.environ, **RAY_ENV})
-    try:
-        out, err = proc.communicate(timeout=240)
-    except subprocess.TimeoutExpired:
-        proc.send_signal(signal.SIGTERM)          # its clean-up stops the server
-        try:
-            out, err = proc.communicate(timeout=150)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            out, err = proc.communicate()
-        pytest.fail(f"the chaos leg overran 240 s; its stderr:\n{err[-4000:]}")
+    code, out, err = run_benchmark(BENCH, "--quick", "--json", timeout_s=240, cleanup_s=150, env=RAY_ENV)
     report = json.loads(out)
-    if proc.returncode != 0 and "server_start_s" not in report:
+    if code != 0 and "server_start_s" not in report:
         pytest.skip(f"the server (embedded Ray) could not start here: {report.get('error')}")
-    assert proc.returncode == 0, err[-4000:]
+    assert code == 0, err[-4000:]
     assert report["quick"] and report["cores"] and "commit" in report and report["wall_s"] > 0
     kills = report["kills"]
     assert kills["done"] == 3 and kills["not_recovered"] == 0, kills

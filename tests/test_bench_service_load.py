@@ -10,14 +10,11 @@ gets SIGTERM, on which it stops its server before exiting.
 from __future__ import annotations
 
 import json
-import signal
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from bench_scripts import load_script
+from bench_scripts import load_script, run_benchmark
 
 pytest.importorskip("ray")
 
@@ -26,19 +23,7 @@ BENCH = ROOT / "benchmarks" / "service_load.py"
 
 
 def run_bench(*args: str, timeout_s: float) -> tuple[int, str, str]:
-    proc = subprocess.Popen([sys.executable, str(BENCH), *args], cwd=ROOT, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
-    try:
-        out, err = proc.communicate(timeout=timeout_s)
-    except subprocess.TimeoutExpired:
-        proc.send_signal(signal.SIGTERM)          # its clean-up stops the server
-        try:
-            out, err = proc.communicate(timeout=150)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            out, err = proc.communicate()
-        pytest.fail(f"the benchmark overran {timeout_s:.0f} s; its stderr:\n{err[-4000:]}")
-    return proc.returncode, out, err
+    return run_benchmark(BENCH, *args, timeout_s=timeout_s, cleanup_s=150)
 
 
 def test_service_load_benchmark_at_six_jobs():

@@ -9,12 +9,9 @@ overruns, it gets SIGTERM, on which it stops its service before exiting.
 from __future__ import annotations
 
 import json
-import signal
-import subprocess
-import sys
 from pathlib import Path
 
-import pytest
+from bench_scripts import run_benchmark
 
 ROOT = Path(__file__).resolve().parents[1]
 BENCH = ROOT / "benchmarks" / "service_scale.py"
@@ -22,19 +19,7 @@ CALLS = ("hints", "ls", "ls_running", "describe", "submit", "cancel", "nodes")
 
 
 def run_bench(*args: str, timeout_s: float) -> tuple[int, str, str]:
-    proc = subprocess.Popen([sys.executable, str(BENCH), *args], cwd=ROOT, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
-    try:
-        out, err = proc.communicate(timeout=timeout_s)
-    except subprocess.TimeoutExpired:
-        proc.send_signal(signal.SIGTERM)          # its clean-up stops the service
-        try:
-            out, err = proc.communicate(timeout=60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            out, err = proc.communicate()
-        pytest.fail(f"the benchmark overran {timeout_s:.0f} s; its stderr:\n{err[-4000:]}")
-    return proc.returncode, out, err
+    return run_benchmark(BENCH, *args, timeout_s=timeout_s, cleanup_s=60)
 
 
 def test_service_scale_benchmark_quick():

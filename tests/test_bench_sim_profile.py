@@ -10,15 +10,11 @@ afterwards.
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from bench_scripts import load_script
+from bench_scripts import load_script, run_quick_json
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "benchmarks" / "sim_profile.py"
@@ -37,11 +33,7 @@ def script():
 
 @pytest.fixture(scope="module")
 def quick():
-    env = dict(os.environ, OMP_NUM_THREADS="1")
-    proc = subprocess.run([sys.executable, str(SCRIPT), "--quick", "--json"], capture_output=True, text=True,
-                          timeout=600, cwd=ROOT, env=env)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    return json.loads(proc.stdout), proc.stderr
+    return run_quick_json(SCRIPT, 600)
 
 
 @needs_data
