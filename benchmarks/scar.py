@@ -1,12 +1,16 @@
 #!/usr/bin/env python3
-"""The rework-cost benchmark of issue 15 (SCAR, thesis §5.5): pure numpy, no Ray.
+"""The rework-cost benchmark of issues 15 and 39 (SCAR, thesis §5.5): pure numpy, no Ray.
 
 Usage:
-    benchmarks/scar.py [--json] [--trials 100] [--seed 0] [--models mlr,mf,lda,cnn] [--plots DIR]
+    benchmarks/scar.py [--json] [--quick] [--trials 100] [--seed 0] [--models mlr,mf,lda,cnn]
+                       [--no-sensitivity] [--plots DIR]
 
-For every model, `pollux.scar.rework.sweep.model_sweep` runs the points of thesis Figs. 5.7 and 5.9 with
-`--trials` seeded trials each (failure at a geometric iteration, a random fraction of the blocks
-lost, rework = extra iterations to the unperturbed run's convergence threshold) and checks:
+Headline (``plain``): every model at its plain settings — standardised features (MLR), the
+thesis-like protocol (MF), documents of equal length (LDA), a burn-in stated from the thesis's Adam
+settings (CNN); `pollux.scar.rework.sensitivity.PLAIN` names them. For each, `model_sweep` runs the
+points of thesis Figs. 5.7 and 5.9 with `--trials` seeded trials each (failure at a geometric
+iteration, a random fraction of the blocks lost, rework = extra iterations to the unperturbed run's
+convergence threshold) and checks:
 
 - partial vs full recovery from traditional checkpoints at lost fractions 1/4, 1/2, 3/4: the
   reduction of the mean rework within the thesis's ranges ± 10 points (49–99 %, 21–72 %, 2–52 %)
@@ -16,10 +20,17 @@ lost, rework = extra iterations to the unperturbed run's convergence threshold) 
   rework non-increasing as 1/r goes 1, 2, 4, 8; random (r = 1/8) not better than full checkpoints
   (both with partial recovery; "not better" = not below full's mean minus its 95 % interval).
 
-Then the two theorems (`pollux.scar.rework.theory`): Theorem 5.4.2 (mean ‖δ′‖² / ‖δ‖² equals the lost
-fraction ± 0.05) and Theorem 5.3.1 (no trial's rework on a quadratic program exceeds the bound).
+Each sweep carries ``theory``: Theorem 5.3.1's bound evaluated per trial from the perturbation sizes
+the trials measured, and the reductions it predicts (`pollux.scar.rework.prediction`).
 
-Prints one JSON object with `--json` (progress on stderr); a failed target is reported as measured.
+Beside it (``sensitivity``): the other values of each model's knob, the former defaults among them
+(`pollux.scar.rework.sensitivity.SENSITIVITY`), at the headline points only. Then the two theorems
+(`pollux.scar.rework.theory`): Theorem 5.4.2 (mean ‖δ′‖² / ‖δ‖² equals the lost fraction ± 0.05) and
+Theorem 5.3.1 (no trial's rework on a quadratic program exceeds the bound).
+
+``--quick`` (for the tests): the quadratic test model only, 10 trials, in a few seconds.
+Prints one JSON object with `--json` (progress on stderr); a missed target is reported as measured,
+with its gap (``summary.<model>.priority_1_8_gap``).
 """
 
 from __future__ import annotations
@@ -62,51 +73,94 @@ def theorems(trials: int, seed: int, say: Any) -> dict[str, Any]:
     }
 
 
+def summary(plain: dict[str, Any], sensitivity: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
+    """Per model: the plain figures, how far priority 1/8 is from the target, the prediction, and
+    the priority figure at each sensitivity setting."""
+    from pollux.scar.rework.sweep import PRIORITY_TARGET
+
+    out = {}
+    for name, sw in plain.items():
+        entry = sw["layouts"][next(iter(sw["layouts"]))]
+        prio = sw["checks"]["priority_1_8_reduction"]
+        theory = entry["theory"]["points"]
+        out[name] = {
+            "setting": sw["setting"]["label"],
+            "reduction": entry["reduction"],
+            "priority_1_8_reduction": prio,
+            "priority_1_8_gap": round(max(0.0, PRIORITY_TARGET - prio), 4),
+            "predicted_priority_1_8_reduction": theory["priority 1/8"]["predicted_reduction"],
+            "priority_1_8_jump_ratio": theory["priority 1/8"]["jump_rms_ratio"],
+            "checks_pass": sw["checks"]["all"],
+            "seconds": sw["seconds"],
+            "sensitivity": {
+                point["setting"]["label"]: {
+                    "reduction": point["reduction"],
+                    "priority_1_8_reduction": point["priority_1_8_reduction"],
+                    "predicted_priority_1_8_reduction":
+                        point["theory"]["points"]["priority 1/8"]["predicted_reduction"],
+                    "former_default": point["setting"]["former_default"],
+                }
+                for point in sensitivity.get(name, [])
+            },
+        }
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--json", action="store_true", help="print one JSON object on stdout")
-    ap.add_argument("--trials", type=int, default=100)
+    ap.add_argument("--quick", action="store_true", help="the QP test model only, 10 trials (for tests)")
+    ap.add_argument("--trials", type=int, default=None, help="trials per point (100; --quick: 10)")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--models", default=",".join(DEFAULT_MODELS))
+    ap.add_argument("--models", default=None, help=f"default {','.join(DEFAULT_MODELS)} (qp with --quick)")
+    ap.add_argument("--no-sensitivity", action="store_true", help="the plain settings only")
     ap.add_argument("--plots", default=None, metavar="DIR", help="write recovery.png and strategies.png")
     args = ap.parse_args(argv)
+    trials = args.trials if args.trials is not None else (10 if args.quick else 100)
+    if trials < 2:
+        ap.error(f"--trials: need at least 2 (a confidence interval), got {trials}")
+    models = args.models if args.models is not None else ("qp" if args.quick else ",".join(DEFAULT_MODELS))
 
-    from pollux.scar.rework.models.registry import MODELS, make_model
+    from pollux.scar.rework.models.registry import MODELS
+    from pollux.scar.rework.sensitivity import PLAIN, model_sensitivity
     from pollux.scar.rework.sweep import model_sweep
 
-    names = [n for n in args.models.split(",") if n]
+    names = [n for n in models.split(",") if n]
     unknown = [n for n in names if n not in MODELS]
-    if unknown:
-        ap.error(f"--models: unknown {', '.join(unknown)} (known: {', '.join(MODELS)})")
+    if unknown or not names:
+        ap.error(f"--models: unknown {', '.join(unknown) or '(none given)'} (known: {', '.join(MODELS)})")
 
     def say(msg: str) -> None:
         print(msg, file=sys.stderr, flush=True)
 
     t0 = time.perf_counter()
-    sweeps = [model_sweep(make_model(n), trials=args.trials, seed=args.seed, progress=say) for n in names]
-    theory = theorems(args.trials, args.seed, say)
+    plain: dict[str, Any] = {}
+    for name in names:
+        setting = PLAIN[name]
+        say(f"{name}: plain setting {setting.label}")
+        sweep = model_sweep(setting.build(), trials=trials, seed=args.seed, progress=say)
+        plain[name] = {"setting": setting.to_dict(), **sweep}
+    sensitivity: dict[str, list[dict[str, Any]]] = {}
+    if not args.no_sensitivity:
+        for name in names:
+            sensitivity[name] = model_sensitivity(name, trials=trials, seed=args.seed, progress=say)
+    theory = theorems(trials, args.seed, say)
     plots: list[str] = []
     if args.plots:
         from pollux.scar.rework.plots import write_plots
 
-        plots = [str(p) for p in write_plots(sweeps, args.plots)]
+        plots = [str(p) for p in write_plots(list(plain.values()), args.plots)]
     result = {
         "benchmark": "scar",
-        "trials": args.trials,
+        "trials": trials,
         "seed": args.seed,
-        "models": {sw["model"]: sw for sw in sweeps},
+        "quick": args.quick,
+        "plain": plain,
+        "sensitivity": sensitivity,
         "theory": theory,
-        "summary": {
-            sw["model"]: {
-                "reduction": sw["layouts"][next(iter(sw["layouts"]))]["reduction"],
-                "priority_1_8_reduction": sw["checks"]["priority_1_8_reduction"],
-                "checks_pass": sw["checks"]["all"],
-                "seconds": sw["seconds"],
-            }
-            for sw in sweeps
-        },
+        "summary": summary(plain, sensitivity),
         "all_pass": bool(
-            all(sw["checks"]["all"] for sw in sweeps)
+            all(sw["checks"]["all"] for sw in plain.values())
             and theory["theorem_5_4_2"]["ok"]
             and theory["theorem_5_3_1"]["ok"]
         ),

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from bench_scripts import run_quick_json
 from pollux.cli.entry import main
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -48,6 +49,7 @@ def test_sweep_writes_plots_and_checks(tmp_path: Path, capsys: pytest.CaptureFix
     assert set(entry["partial"]) == {"1/4", "1/2", "3/4"}
     assert set(entry["strategies"]["priority"]) == {"1", "1/2", "1/4", "1/8"}
     assert set(sweep["checks"]) >= {"reduction_in_range", "priority_1_8_ok", "all"}
+    assert entry["theory"]["points"]["partial 1/4"]["jump_rms_ratio"] < 1.0  # Theorem 5.3.1 beside it
     assert "priority r=1/8" in captured.err  # progress on stderr
     for name in ("recovery.png", "strategies.png"):
         assert (tmp_path / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
@@ -70,14 +72,33 @@ def test_bad_input_is_a_usage_error(argv: list[str], message: str,
     assert message in err and "Traceback" not in err
 
 
-def test_benchmark_prints_json_with_theorems() -> None:
-    proc = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / "scar.py"), "--models", "qp", "--trials", "20", "--json"],
-        capture_output=True, text=True, timeout=300, check=True,
-    )
-    data = json.loads(proc.stdout)
-    assert set(data["models"]) == {"qp"}
+def test_benchmark_reports_plain_figures_sensitivity_and_theorems() -> None:
+    data, err = run_quick_json(ROOT / "benchmarks" / "scar.py", timeout_s=300)
+    assert data["quick"] is True and set(data["plain"]) == {"qp"}
+    plain = data["plain"]["qp"]
+    assert plain["setting"]["label"] == "spread=2.0"
+    entry = plain["layouts"][next(iter(plain["layouts"]))]
+    theory = entry["theory"]["points"]
+    assert set(theory) >= {"full", "partial 1/4", "partial 1/2", "partial 3/4", "priority 1/8"}
+    assert theory["full"]["predicted_reduction"] == 0.0
+    # the prediction reads the same points the sweep measured
+    assert theory["priority 1/8"]["measured_mean"] == entry["strategies"]["priority"]["1/8"]["mean"]
+    (point,) = data["sensitivity"]["qp"]
+    assert point["setting"]["label"] == "spread=0.0"
+    assert set(point["reduction"]) == {"1/4", "1/2", "3/4"}
+    assert point["full"]["trials"] == data["trials"] == 10
+    summary = data["summary"]["qp"]
+    assert summary["priority_1_8_reduction"] == plain["checks"]["priority_1_8_reduction"]
+    assert summary["priority_1_8_gap"] == pytest.approx(max(0.0, 0.78 - summary["priority_1_8_reduction"]))
+    assert set(summary["sensitivity"]) == {"spread=0.0"}
     ratios = data["theory"]["theorem_5_4_2"]["ratios"]
     assert all(abs(v["mean_ratio"] - float(k)) <= 0.05 for k, v in ratios.items())
     assert data["theory"]["theorem_5_3_1"]["violations"] == 0
-    assert "theorem 5.3.1" in proc.stderr
+    assert "theorem 5.3.1" in err and "spread=0.0" in err
+
+
+def test_benchmark_rejects_unknown_models() -> None:
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "scar.py"), "--models", "resnet"],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2
+    assert "--models: unknown resnet" in proc.stderr and "Traceback" not in proc.stderr

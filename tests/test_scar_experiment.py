@@ -67,6 +67,26 @@ def test_full_recovery_costs_exactly_the_iterations_since_the_checkpoint() -> No
     assert np.array_equal(res.rework, since.astype(float))
 
 
+def test_the_recorded_perturbation_is_the_jump_the_recovery_made() -> None:
+    m = Decay()
+    full = recovery_trials(m, 0.5, "full", trials=40, seed=3)
+    part = recovery_trials(m, 0.25, "partial", trials=40, seed=3)
+    assert np.array_equal(full.failure_iteration, part.failure_iteration)  # paired trials
+
+    def w(t: np.ndarray) -> np.ndarray:  # the closed-form state after t steps, per trial
+        return m.target * (1.0 - (1.0 - m.rate) ** t[:, None])
+
+    period = m.protocol.checkpoint_interval
+    fail = full.failure_iteration
+    saved = period * ((fail - 1) // period)
+    jump = w(saved) - w(fail)
+    np.testing.assert_allclose(full.perturbation, np.linalg.norm(jump, axis=1), rtol=1e-9)
+    # partial recovery jumps only in the lost blocks: never further than full recovery
+    assert (part.perturbation <= full.perturbation + 1e-12).all()
+    assert part.perturbation.mean() < 0.8 * full.perturbation.mean()
+    assert part.to_dict()["perturbation_mean"] == pytest.approx(part.perturbation.mean(), abs=1e-6)
+
+
 def test_partial_recovery_is_cheaper_and_ordered_by_lost_fraction() -> None:
     m = Decay()
     full = recovery_trials(m, 0.5, "full", trials=60, seed=2)

@@ -195,6 +195,45 @@ def test_registry_defaults_converge_monotonically(name: str) -> None:
     assert np.all(np.diff(base.losses) < 0)
 
 
+def test_lda_default_documents_have_equal_lengths() -> None:
+    plain = lda.make(docs=40, vocab=50, topics=4, blocks=10)
+    np.testing.assert_array_equal(plain.doc_length, np.full(40, 30.0))
+    spread = lda.make(docs=40, vocab=50, topics=4, blocks=10, length_spread=1.5).doc_length
+    assert spread.min() < 15 and spread.max() > 60  # log-normal lengths around the same median
+    with pytest.raises(ScarError, match="lda length_spread"):
+        lda.make(docs=10, blocks=2, length_spread=-0.5)
+
+
+def test_cnn_default_burn_in_is_adams_first_moment_window() -> None:
+    assert cnn.BURN_IN == round(1 / (1 - cnn.BETA1)) == 10
+    model = cnn.make(samples=32, batch=32, channels=2, hidden=4)
+    assert model.burn_in == cnn.BURN_IN and model.beta1 == cnn.BETA1
+    # the experiments start from the burnt-in network: Adam has taken exactly `burn_in` steps
+    assert model.init_state(2)["adam_step"].tolist() == [cnn.BURN_IN] * 2
+
+
+def test_plain_settings_are_the_registry_defaults() -> None:
+    from pollux.scar.rework.models import mf
+    from pollux.scar.rework.sensitivity import PLAIN, SENSITIVITY
+
+    assert set(PLAIN) == set(SENSITIVITY)
+    small = {"mlr": {"samples": 100}, "mf": {"users": 12, "items": 10}, "lda": {"docs": 24, "blocks": 6},
+             "cnn": {"samples": 32, "batch": 32, "channels": 2, "hidden": 4}, "qp": {"dim": 8, "blocks": 4}}
+    for name, setting in PLAIN.items():
+        default = make_model(name, **small[name])
+        named = make_model(name, **{**small[name], **setting.kwargs})
+        assert default.protocol == named.protocol, name
+        # the same start and the same data: one step from the start agrees bit for bit
+        a, b = default.step(default.init_state(1), 0), named.step(named.init_state(1), 0)
+        assert all(np.array_equal(a[k], b[k]) for k in a), name
+        # no sensitivity setting repeats the plain one
+        for other in SENSITIVITY[name]:
+            assert other.label != setting.label
+    former = [s.label for name in PLAIN for s in (PLAIN[name], *SENSITIVITY[name]) if s.former_default]
+    assert sorted(former) == ["burn_in=10", "feature_spread=2.5", "length_spread=1.5", "protocol=30/10/12"]
+    assert PLAIN["mf"].kwargs["protocol"] == mf.THESIS_PROTOCOL
+
+
 def test_cnn_default_layout_is_first() -> None:
     assert list(cnn.make().layouts) == ["layer", "shard"]
     assert list(cnn.make(layout="shard").layouts) == ["shard", "layer"]

@@ -136,7 +136,46 @@ def test_partial_recovery_beats_full_recovery(name: str) -> None:
 
 
 def test_priority_checkpoints_beat_full_checkpoints_on_mlr() -> None:
-    model = make_model("mlr")
+    model = make_model("mlr")  # plain: standardised features
     full = recovery_trials(model, lost_fraction=0.5, recovery="full", trials=24, seed=2)
     prio = checkpoint_trials(model, "priority", 1 / 8, lost_fraction=0.5, trials=24, seed=2)
-    assert prio.mean < 0.5 * full.mean
+    assert prio.mean < 0.75 * full.mean
+
+
+def _priority_jump_ratio(model: ReworkModel, seed: int) -> tuple[float, float, float]:
+    """(rms ‖δ_priority 1/8‖ / rms ‖δ_full recovery‖, their mean reworks) over paired trials."""
+    full = recovery_trials(model, lost_fraction=0.5, recovery="full", trials=12, seed=seed)
+    prio = checkpoint_trials(model, "priority", 1 / 8, lost_fraction=0.5, trials=12, seed=seed)
+    ratio = np.sqrt(np.mean(prio.perturbation**2) / np.mean(full.perturbation**2))
+    return float(ratio), prio.mean, full.mean
+
+
+def test_feature_spread_is_what_priority_exploits() -> None:
+    # spread-out feature scales concentrate the movement in a few rows, so the top 1/8 by distance
+    # leave a much smaller jump than on standardised features (measured 0.12-0.31 vs 0.31-0.59)
+    plain, prio_plain, full_plain = _priority_jump_ratio(mlr.make(samples=300), seed=1)
+    spread, prio_spread, full_spread = _priority_jump_ratio(mlr.make(samples=300, feature_spread=2.5), seed=1)
+    assert spread < 0.7 * plain < 0.7
+    assert prio_plain < full_plain and prio_spread < full_spread
+
+
+def test_mlr_default_is_standardised_features() -> None:
+    plain = mlr.make(samples=200)
+    features = plain.X[:, :-1]
+    sd = features.std(axis=0)
+    np.testing.assert_allclose(sd[sd > 0], 1.0, rtol=1e-9)  # constant pixels stay zero
+    np.testing.assert_allclose(features.mean(axis=0), 0.0, atol=1e-9)
+    spread = mlr.make(samples=200, feature_spread=2.5).X[:, :-1].std(axis=0)
+    assert spread.max() <= 1.0 + 1e-9 and spread[spread > 0].min() < 0.05  # log-normal scales, largest 1
+    with pytest.raises(ScarError, match="mlr feature_spread"):
+        mlr.make(feature_spread=-1.0)
+
+
+def test_mf_default_is_the_thesis_like_protocol() -> None:
+    model = mf.make(users=20, items=15)
+    assert model.protocol == mf.THESIS_PROTOCOL
+    assert (model.protocol.converge_iterations, model.protocol.checkpoint_interval) == (60, 20)
+    short = mf.make(users=20, items=15, protocol=mf.SHORT_PROTOCOL)
+    assert short.protocol == mf.SHORT_PROTOCOL
+    assert mf.make(users=20, items=15).protocol == mf.THESIS_PROTOCOL  # per instance, not per class
+    assert unperturbed(short).iterations == 30

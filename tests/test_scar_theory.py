@@ -4,7 +4,8 @@ Theorem 5.3.1 on gradient descent on a quadratic program: no trial's rework may 
 and the bound must not be vacuous — perturbations pointing away from the optimum meet it (the
 thesis's tightness remark), random ones come close in some trials. Theorem 5.4.2 on a real MLR
 checkpoint/current pair: the partial-recovery perturbation carries the lost fraction of the
-full-recovery perturbation's squared norm.
+full-recovery perturbation's squared norm. Last, the bound evaluated on the experiments' measured
+perturbations (`pollux.scar.rework.prediction`), on a QP whose contraction is known exactly.
 """
 
 from __future__ import annotations
@@ -15,7 +16,10 @@ import numpy as np
 import pytest
 
 from pollux.scar.api import BlockLayout, ScarError
+from pollux.scar.rework.experiment import recovery_trials
 from pollux.scar.rework.models import mlr
+from pollux.scar.rework.models.qp import QuadraticProgram
+from pollux.scar.rework.prediction import predict, trajectory
 from pollux.scar.rework.theory import (
     block_perturbation_ratio,
     bound_qp,
@@ -88,3 +92,48 @@ def test_perturbation_ratio_on_known_blocks() -> None:
         block_perturbation_ratio(saved, saved, layout, 0.5)
     with pytest.raises(ScarError, match="trial axis"):
         block_perturbation_ratio({"x": np.zeros((2, 4, 1))}, {"x": np.ones((2, 4, 1))}, layout, 0.5)
+
+
+# -- Theorem 5.3.1's prediction for the experiments (pollux.scar.rework.prediction) ---------------
+
+
+def _slow_qp() -> QuadraticProgram:
+    # error on a slowest eigenvector: every step shrinks it by exactly c, so (5.3) is tight
+    return QuadraticProgram(dim=8, blocks=8, min_eig=0.02, max_eig=1.0, rotate=True, start="slowest")
+
+
+def test_prediction_is_exact_for_full_recovery_when_contraction_is_tight() -> None:
+    model = _slow_qp()
+    full = recovery_trials(model, 0.5, "full", trials=120, seed=0)
+    part = recovery_trials(model, 0.25, "partial", trials=120, seed=0)
+    out = predict(model, {"full": full, "partial 1/4": part})
+    assert out["contraction"] == pytest.approx(model.contraction, rel=1e-6)
+    # restoring w(T0) from w(T) along the slowest direction costs exactly T − T0: so does the bound
+    assert out["points"]["full"]["bound_mean"] == pytest.approx(full.mean, abs=1e-3)
+    partial = out["points"]["partial 1/4"]
+    assert partial["jump_rms_ratio"] == pytest.approx(0.5, abs=0.08)  # Theorem 5.4.2: √p
+    assert partial["measured_mean"] <= partial["bound_mean"]  # a bound, on a model that meets (5.5)
+    assert 0 < partial["predicted_reduction"] < 1
+    assert partial["measured_reduction"] == pytest.approx(1 - part.mean / full.mean, abs=1e-4)
+
+
+def test_trajectory_measures_the_contraction() -> None:
+    model = _slow_qp()
+    path = trajectory(model, limit_factor=4)
+    n = model.protocol.converge_iterations
+    assert path.errors.shape == (n + 1,) and path.limit_iterations == 4 * n
+    ratios = path.errors[1:] / path.errors[:-1]
+    np.testing.assert_allclose(ratios, model.contraction, rtol=1e-4)
+
+
+def test_prediction_needs_a_baseline_and_measured_jumps() -> None:
+    model = _slow_qp()
+    full = recovery_trials(model, 0.5, "full", trials=10, seed=0)
+    with pytest.raises(ScarError, match="baseline"):
+        predict(model, {"full": full}, baseline="none")
+    bare = recovery_trials(model, 0.5, "full", trials=10, seed=0)
+    bare.perturbation = np.zeros(0)
+    with pytest.raises(ScarError, match="perturbation"):
+        predict(model, {"full": bare})
+    with pytest.raises(ScarError, match="limit_factor"):
+        trajectory(model, limit_factor=1)

@@ -65,6 +65,9 @@ class ReworkResult:
     cap: int
     unconverged: int = 0
     extra: dict[str, Any] = field(default_factory=dict)
+    #: (trials,) ‖δ‖, the size of the jump the recovery made (L2 over the distance tensors): what
+    #: Theorems 5.3.1 and 5.4.2 are stated in (`pollux.scar.rework.prediction` uses it)
+    perturbation: np.ndarray = field(default_factory=lambda: np.zeros(0))
 
     @property
     def mean(self) -> float:
@@ -93,6 +96,9 @@ class ReworkResult:
             "mean": round(self.mean, 4),
             "ci95": round(self.ci95, 4),
             "unconverged": self.unconverged,
+            "perturbation_mean": (
+                round(float(self.perturbation.mean()), 6) if self.perturbation.size else None
+            ),
             "baseline_iterations": self.baseline_iterations,
             "threshold": self.threshold,
         }
@@ -152,6 +158,17 @@ def lost_blocks(rng: np.random.Generator, trials: int, num_blocks: int, fraction
     return out
 
 
+def jump_norm(model: ReworkModel, layout: BlockLayout, a: State, b: State) -> np.ndarray:
+    """(trials,) ‖a − b‖: L2 over the tensors the model's distances rank (default: every blocked one)."""
+    names = model.distance_tensors or tuple(layout.rows)
+    trials = a[names[0]].shape[0]
+    total = np.zeros(trials)
+    for name in names:
+        diff = (a[name] - b[name]).reshape(trials, -1).astype(np.float64)
+        total += np.einsum("tk,tk->t", diff, diff)
+    return np.sqrt(total)
+
+
 def _where(mask: np.ndarray, a: State, b: State) -> State:
     """Per trial: `a` where mask (trials,) else `b`."""
     out = {}
@@ -199,6 +216,7 @@ def run_trials(
     ckpt = {k: v.copy() for k, v in state.items()}
     blocked = set(lay.rows)
     reached = np.full(trials, -1, dtype=np.int64)
+    jump = np.zeros(trials)
     for t in range(cap_steps):
         state = model.step(state, t)
         steps = t + 1
@@ -208,6 +226,7 @@ def run_trials(
                 restored = apply_blocks(state, ckpt, lay, lost)
             else:
                 restored = ckpt
+            jump[failing] = jump_norm(model, lay, restored, state)[failing]
             state = _where(failing, restored, state)
         if steps % period == 0:
             if strategy == "full":
@@ -243,6 +262,7 @@ def run_trials(
         threshold=base.threshold,
         cap=cap_steps - base.iterations,
         unconverged=unconverged,
+        perturbation=jump,
     )
 
 

@@ -29,10 +29,11 @@ documents of a block. Loss: the negative log-likelihood per token under the poin
 θ = (n_dk + α)/(N_d + Kα), φ = (n_wk + β)/(n_k + Vβ).
 
 Data: a corpus drawn from a known LDA (seeded): 8 topics ~ Dir(0.05) over 200 words, mixtures ~
-Dir(0.1), 256 documents with log-normal lengths (median 30, ``length_spread`` 1.5: from 2 to
-hundreds of tokens). Real corpora mix notes and long articles; a few long documents hold many
-tokens and move most, which is what prioritised checkpoints exploit (with spread 1.0 priority 1/8
-saves 75 % of the rework instead of 83 %, measured).
+Dir(0.1), 256 documents of 30 tokens each by default (``length_spread=0``, the plainest setting and
+the benchmark's headline). ``length_spread`` > 0 draws log-normal lengths of median 30 instead (at
+1.5: from 2 to hundreds of tokens), a sensitivity setting: real corpora mix notes and long
+articles, a few long documents then hold many tokens and move most, which is what prioritised
+checkpoints by TV × length exploit. ``benchmarks/scar.py`` reports both.
 
 Burn-in: the assignments start from one seeded, nearly hard random draw (like a Gibbs sampler's
 random topics), followed by `burn_in` = 8 iterations computed once; the experiments start there.
@@ -42,10 +43,8 @@ iterations, noise rather than rework). After the burn-in CVB0 contracts geometri
 one fixed point.
 
 Protocol: threshold = the loss 40 iterations after the burn-in (the thesis's LDA converges in about
-60), full checkpoints every 20, failures after 20 iterations on average. Measured at 100 trials,
-seed 0: partial recovery saves 78 / 61 / 45 % of full recovery's rework at lost 1/4, 1/2, 3/4;
-priority checkpoints of 1/8 of the documents 8× as often save 83 % (seeds 1, 2: 79 %, 81 %; every
-check passes at seeds 0–2). The sweep takes about 50 s on one core.
+60), full checkpoints every 20, failures after 20 iterations on average. The figures at each
+setting are in docs/benchmarks.md (``benchmarks/scar.py``); the sweep takes about 50 s on one core.
 """
 
 from __future__ import annotations
@@ -92,7 +91,7 @@ class LatentDirichletAllocation(ReworkModel):
         vocab: int = 200,
         topics: int = 8,
         median_length: float = 30.0,
-        length_spread: float = 1.5,
+        length_spread: float = 0.0,
         blocks: int = 256,
         alpha: float = 1.0,
         beta: float = 1.0,
@@ -105,6 +104,8 @@ class LatentDirichletAllocation(ReworkModel):
             raise ScarError(f"lda docs/vocab/topics: need >= 1, 2, 2, got {docs}, {vocab}, {topics}")
         if not 1 <= blocks <= docs:
             raise ScarError(f"lda blocks: must be in [1, docs={docs}], got {blocks}")
+        if length_spread < 0:
+            raise ScarError(f"lda length_spread: must be >= 0, got {length_spread}")
         if not 0.0 < damping <= 1.0:
             raise ScarError(f"lda damping: must be in (0, 1], got {damping}")
         if alpha <= 0 or beta <= 0 or init_concentration <= 0:
@@ -214,5 +215,5 @@ class LatentDirichletAllocation(ReworkModel):
 
 
 def make(**kw: Any) -> LatentDirichletAllocation:
-    """The registry's factory: 256 generated documents (log-normal lengths), 8 topics, a block each."""
+    """The registry's factory: 256 generated documents of 30 tokens, 8 topics, a block each."""
     return LatentDirichletAllocation(**kw)
