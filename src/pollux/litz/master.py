@@ -16,6 +16,9 @@ flight under its ObjectRef.
 
 from __future__ import annotations
 
+import os
+import shutil
+import tempfile
 import time
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -114,6 +117,9 @@ class Master:
         push_bytes = cfg.push_table_bytes if cfg.fault_tolerance is None else 0
         self.mirror = TableMirror(self.tables, push_bytes)
         self.push_tables: set[str] = set()  # tables tasks read whole (pushed with every batch)
+        self.memory_budget = cfg.memory_budget_bytes  # per worker; None: no limit
+        self.spill_root: str | None = None  # this run's spill folder, made when a budget is first set
+        self.budget_calls: dict[int, Any] = {}  # worker -> its budget call, awaited before placing
 
     def reset_run_state(self) -> None:
         """Queues, commits and counters back to a run's start (a cut is then restored over them)."""
@@ -142,10 +148,40 @@ class Master:
 
     def make_worker(self, node: str | None = None) -> int:
         """Create a worker (on Ray node `node` when given) that knows the current layout."""
-        return self.members.make(node, self.layout)
+        wid = self.members.make(node, self.layout)
+        if self.memory_budget is not None:
+            self._send_budget(wid)
+        return wid
+
+    # ------------------------------------------------------------------ out-of-core
+    def _send_budget(self, wid: int) -> None:
+        """Tell worker `wid` its memory budget (Ray orders it before the master's later calls)."""
+        if self.spill_root is None:
+            self.spill_root = tempfile.mkdtemp(prefix="litz-spill-", dir=self.cfg.spill_dir)
+        folder = os.path.join(self.spill_root, f"worker-{wid}")
+        worker = self.members.workers[wid]
+        call = worker.set_memory_budget.remote(self.memory_budget, self.cfg.out_of_core_policy, folder)
+        self.budget_calls[wid] = call
+
+    def set_memory_budget(self, budget: int | None) -> None:
+        """A new per-worker memory budget (None: no limit) for every worker, now and later."""
+        self.memory_budget = budget
+        for wid in sorted(self.members.workers):
+            self._send_budget(wid)
+        self.budget_calls.clear()  # not waited for: a running job's workers follow when they can
+
+    def remove_spill(self) -> None:
+        """Remove this run's spill folder (after its workers are gone)."""
+        if self.spill_root is not None:
+            shutil.rmtree(self.spill_root, ignore_errors=True)
+            self.spill_root = None
 
     def place_executors(self, states: Mapping[int, tuple[Any, int]] | None = None) -> None:
         """Spread all executors over the workers, loading inputs (`Membership.place_executors`)."""
+        # an async actor may start calls out of order: the budget must be in place before the
+        # executors arrive, or they would all be in memory at once before it evicts them
+        calls, self.budget_calls = self.budget_calls, {}
+        self.get([ref for wid, ref in calls.items() if wid in self.members.workers])
         self.members.place_executors(self.queue.next_seq, states)
 
     def get(self, refs: Any, timeout: float | None = None) -> Any:
@@ -276,6 +312,8 @@ class Master:
             self.summary.cache_hits += int(out["stats"]["hits"])
             self.summary.cache_misses += int(out["stats"]["misses"])
             self.summary.worker_busy_s += out["stats"]["run_s"] + out["stats"]["flush_s"]
+            if out.get("ooc") is not None:
+                self.summary.add_out_of_core(out["ooc"])
             # taken out of `tasks` first: a recovery run from a driver callback below re-queues
             # what is still in `tasks`, and these tasks have completed
             batch = [(queue.tasks.pop(task_id), value, error) for task_id, value, error in out["results"]]

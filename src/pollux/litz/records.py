@@ -62,6 +62,14 @@ class RuntimeConfig:
     less Ray overhead per batch than an async actor's). False: up to `max_concurrency` batches at
     once, so a batch can also start while an earlier one still waits on PS reads. Shards are async
     actors with `max_concurrency` either way.
+
+    `memory_budget_bytes` (per worker; None: no limit) turns on out-of-core execution (thesis §4.8,
+    `pollux.litz.executor_memory`): a worker keeps its executors' accounted bytes (serialised state
+    and input) within the budget by evicting whole executors to local disk, under `spill_dir` (a
+    fresh folder per run inside it, removed at the end; default: the system's temporary folder),
+    and loads each back before its next task. `out_of_core_policy`: "litz" (the thesis's victim
+    choice along the worker's queue, with loads ahead) or "lru" (least recently used, on demand: the
+    baseline). `LitzRuntime.set_memory_budget` changes the budget while the job runs.
     """
 
     num_executors: int = 4
@@ -85,6 +93,9 @@ class RuntimeConfig:
     fault_tolerance: FaultTolerance | None = None
     inline_update_bytes: int = 1 << 20
     push_table_bytes: int = 1 << 20
+    memory_budget_bytes: int | None = None
+    out_of_core_policy: str = "litz"
+    spill_dir: str | None = None
 
     def __post_init__(self) -> None:
         for name in ("num_executors", "num_workers", "num_shards"):
@@ -100,6 +111,14 @@ class RuntimeConfig:
             )
         if self.push_table_bytes < 0:
             raise ValueError(f"RuntimeConfig.push_table_bytes: must be >= 0, got {self.push_table_bytes}")
+        if self.memory_budget_bytes is not None and self.memory_budget_bytes < 0:
+            raise ValueError(
+                f"RuntimeConfig.memory_budget_bytes: must be >= 0 or None, got {self.memory_budget_bytes}"
+            )
+        if self.out_of_core_policy not in ("litz", "lru"):
+            raise ValueError(
+                f"RuntimeConfig.out_of_core_policy: must be 'litz' or 'lru', got {self.out_of_core_policy!r}"
+            )
         if self.max_concurrency < 2:
             raise ValueError("RuntimeConfig.max_concurrency: workers need > 1 to overlap micro-tasks")
 
@@ -113,6 +132,12 @@ class RunSummary:
     last leaving actor gone — the release time; None if the run ended first); moved (executors or
     rows), state_bytes (pickled executor state moved), replaced (shards moved off unlisted nodes),
     error (only when the resize was cancelled: its new actors did not start).
+
+    `ooc_*`: out-of-core execution under `RuntimeConfig.memory_budget_bytes`, summed over workers
+    (as reported with their batches): executors evicted to disk, loaded back (on demand or ahead),
+    of those loaded ahead of their task (`ooc_prefetches`), bytes written and read, seconds tasks
+    waited for a load (`ooc_wait_s`), and the largest accounted bytes of one worker's executors
+    (`ooc_peak_bytes`).
     """
 
     wall_s: float = 0.0
@@ -134,9 +159,26 @@ class RunSummary:
     resumed: bool = False  # started from a checkpoint (RuntimeConfig.resume)
     worker_busy_s: float = 0.0  # summed over batches: running tasks plus staging their updates
     channel_fallbacks: int = 0  # workers whose direct channel could not connect (Ray calls instead)
+    ooc_evictions: int = 0
+    ooc_reloads: int = 0
+    ooc_prefetches: int = 0
+    ooc_bytes_written: int = 0
+    ooc_bytes_read: int = 0
+    ooc_wait_s: float = 0.0
+    ooc_peak_bytes: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         return {k: v for k, v in vars(self).items()}
+
+    def add_out_of_core(self, counters: Mapping[str, float]) -> None:
+        """Add one batch's out-of-core counters (`ExecutorMemory.drain_stats`)."""
+        self.ooc_evictions += int(counters["evictions"])
+        self.ooc_reloads += int(counters["reloads"])
+        self.ooc_prefetches += int(counters["prefetches"])
+        self.ooc_bytes_written += int(counters["bytes_written"])
+        self.ooc_bytes_read += int(counters["bytes_read"])
+        self.ooc_wait_s += float(counters["wait_s"])
+        self.ooc_peak_bytes = max(self.ooc_peak_bytes, int(counters["peak_bytes"]))
 
     def rewind(self, tasks_completed: int, metrics: int) -> None:
         """Back to a consistent cut: the tasks completed then, and the first `metrics` reports."""

@@ -113,6 +113,14 @@ class LitzRuntime:
                 raise ValueError(f"resize: num_shards must be >= 1, got {num_shards}")
             self._requests.put(("shards", {"num_shards": int(num_shards)}))
 
+    def set_memory_budget(self, budget_bytes: int | None) -> None:
+        """Change the per-worker memory budget of the running job (or of the next `run`): a lower
+        one evicts executors to disk at once, a higher one (or None: no limit) lets them come back
+        as their tasks need them. How the live service would follow a node's memory being shared."""
+        if budget_bytes is not None and int(budget_bytes) < 0:
+            raise ValueError(f"set_memory_budget: budget_bytes must be >= 0 or None, got {budget_bytes}")
+        self._requests.put(("memory", {"bytes": None if budget_bytes is None else int(budget_bytes)}))
+
     def stop(self, checkpoint: bool = False) -> None:
         """Ask a running job to stop after its in-flight tasks (as if the driver had finished); with
         ``checkpoint``, it first saves a checkpoint of that cut (its queued tasks included), from
@@ -140,6 +148,7 @@ class LitzRuntime:
             ),
             "resizes": [dict(r) for r in list(m.summary.resizes)],
             "recoveries": m.summary.recoveries,
+            "memory_budget_bytes": m.memory_budget,
         }
 
     def worker_pids(self) -> dict[int, int]:
@@ -202,6 +211,7 @@ class LitzRuntime:
                     ft.close(m.view)
             finally:
                 m.stop_actors()
+                m.remove_spill()
         m.summary.wall_s = time.monotonic() - m.t0
         m.summary.version = m.queue.version
         return m.summary
@@ -219,6 +229,8 @@ class LitzRuntime:
                 m.finished = True
                 m.summary.stopped = True
                 self._stop_checkpoint = self._stop_checkpoint or bool(kw.get("checkpoint"))
+            elif kind == "memory":
+                m.set_memory_budget(kw["bytes"])
             elif kind == "shards":
                 if m.resizes.shards:  # one shard resize at a time
                     self._deferred.append((kind, kw))

@@ -12,8 +12,16 @@ a time in dispatch order (`seq`), which is also what makes moving an executor sa
 `release_executor` waits until the executor's last task sent here has run, then hands its state
 (and, on scale-out, its input) on.
 
+Under a memory budget (`set_memory_budget`, `RuntimeConfig.memory_budget_bytes`) the worker keeps
+only some executors in memory and the rest on local disk (`pollux.litz.executor_memory`, thesis
+§4.8): each task's executor is loaded before it runs, and the executors of the tasks sent here but
+not started (`_queued`) tell the policy which to evict and which to load ahead. A batch's tasks then
+run one at a time, those of resident executors first where the policy says so
+(`pollux.litz.reordered_batch`).
+
 All updates of a batch are summed in one update log and staged at the shards before the batch's
-results go back to the master; the master commits them (see `pollux.litz.ps`). A small log
+results go back to the master (`pollux.litz.worker_ps`, which also serves reads from the cache); the
+master commits them (see `pollux.litz.ps`). A small log
 (`RuntimeConfig.inline_update_bytes`) instead goes back with the results and reaches the shards
 inside the master's next commit, which saves a round trip per batch.
 """
@@ -24,6 +32,7 @@ import asyncio
 import os
 import pickle
 import time
+from collections.abc import Awaitable
 from typing import Any
 
 import numpy as np
@@ -31,8 +40,11 @@ from ray.exceptions import RayError
 
 from pollux.litz import channel
 from pollux.litz.api import Application, Executor, LitzError
-from pollux.litz.cache import ParamCache, UpdateLog
+from pollux.litz.cache import UpdateLog
+from pollux.litz.executor_memory import ExecutorMemory
 from pollux.litz.records import Layout, TableMeta, TaskSpec, pack, unpack
+from pollux.litz.reordered_batch import run_reordered
+from pollux.litz.worker_ps import WorkerPS
 
 
 class _TaskPS:
@@ -40,17 +52,17 @@ class _TaskPS:
 
     def __init__(
         self,
-        worker: LitzWorkerActor,
+        ps: WorkerPS,
         version: int,
         log: UpdateLog,
         stats: dict[str, float],
         min_commit: int,
     ) -> None:
-        self._worker, self._version, self._log, self._stats = worker, version, log, stats
+        self._ps, self._version, self._log, self._stats = ps, version, log, stats
         self._min_commit = min_commit
 
     async def get(self, table: str, rows: np.ndarray | None = None) -> np.ndarray:
-        return await self._worker.ps_read(table, rows, self._version, self._stats, self._min_commit)
+        return await self._ps.read(table, rows, self._version, self._stats, self._min_commit)
 
     def update(self, table: str, delta: np.ndarray, rows: np.ndarray | None = None) -> None:
         self._log.add(table, delta, None if rows is None else np.asarray(rows, dtype=np.int64))
@@ -92,17 +104,16 @@ class LitzWorkerActor:
         self.app = app
         self.num_executors = num_executors
         self.tables = tables
-        self.layout = layout
+        self.ps = WorkerPS(tables, layout)  # reads through the cache, staging at the shards
         self.task_floor_s = task_floor_s
         self.executors: dict[int, Executor] = {}
         self.next_seq: dict[int, int] = {}
-        self.cache = ParamCache(tables)
         self._turns = asyncio.Condition()
         self._waiters = 0  # coroutines waiting on `_turns`
-        self._fetch_locks: dict[str, asyncio.Lock] = {}
         self._node_clock = 0.0
-        self.full_reads: set[str] = set()  # tables some task read whole: the master pushes them
         self._channel_server: asyncio.AbstractServer | None = None
+        self.memory: ExecutorMemory | None = None  # out-of-core: only under a memory budget
+        self._queued: dict[int, int] = {}  # task id -> executor of the tasks here not started
 
     # ------------------------------------------------------------------ plumbing
     def pid(self) -> int:
@@ -112,8 +123,7 @@ class LitzWorkerActor:
         return self.worker_id
 
     def set_layout(self, layout: Layout) -> None:
-        if layout.layout_id > self.layout.layout_id:
-            self.layout = layout
+        self.ps.set_layout(layout)
 
     # ------------------------------------------------------------------ the master's channel
     async def open_channel(self, token: bytes, overlap: bool) -> tuple[str, int]:
@@ -150,87 +160,78 @@ class LitzWorkerActor:
         out["batch_id"] = batch_id
         return pack(out)
 
+    # ------------------------------------------------------------------ memory budget
+    async def set_memory_budget(self, budget: int | None, policy: str, spill_dir: str) -> None:
+        """Keep the executors' accounted bytes within `budget` (None: no limit), evicting to
+        `spill_dir` with `policy` ("litz" or "lru"); the first call adopts every executor hosted."""
+        if self.memory is None:
+            memory = ExecutorMemory(self.executors, self._shell, spill_dir, policy, None)
+            memory.queue = lambda: list(self._queued.values())
+            for e, ex in self.executors.items():  # no await in between: nothing arrives meanwhile
+                memory.adopt(e, ex)
+            self.memory = memory
+        await self.memory.set_budget(budget)
+
+    def _shell(self, executor_id: int) -> Executor:
+        """A fresh instance of an executor, without input or state (what an evicted one leaves)."""
+        return self.app.executor(executor_id, self.num_executors, self.app.config)
+
+    def close_memory(self) -> None:
+        """Remove this worker's spill files (the run ends)."""
+        if self.memory is not None:
+            self.memory.close()
+
     # ------------------------------------------------------------------ executors
     async def add_executor(self, executor_id: int, package: dict[str, Any]) -> int:
         """Host `executor_id`: its input from `package` (scale-out) or from storage, its state and
         the sequence number of the next task it will run. Returns bytes of state received."""
-        ex = self.app.executor(executor_id, self.num_executors, self.app.config)
-        ex.set_input(package["input"] if package.get("has_input") else ex.load_input())
-        if package.get("state") is not None:
-            ex.set_state(package["state"])
+        if self.memory is None:
+            ex = self._arrive(executor_id, package)
+        else:
+            # one arrival at a time, room made before it loads: Ray starts an async actor's calls
+            # together, and every executor would otherwise load its input before any was evicted
+            async with self.memory.arrivals:
+                await self.memory.make_room_for_arrival()
+                ex = self._arrive(executor_id, package)
+                await self.memory.admit(executor_id, ex)
         async with self._turns:
             self.executors[executor_id] = ex
             self.next_seq[executor_id] = int(package.get("next_seq", 0))
             self._turns.notify_all()
         return int(package.get("state_bytes", 0))
 
+    def _arrive(self, executor_id: int, package: dict[str, Any]) -> Executor:
+        """A new instance of the executor with its input (from the package or storage) and state."""
+        ex = self.app.executor(executor_id, self.num_executors, self.app.config)
+        ex.set_input(package["input"] if package.get("has_input") else ex.load_input())
+        if package.get("state") is not None:
+            ex.set_state(package["state"])
+        return ex
+
     async def release_executor(self, executor_id: int, expected_seq: int, send_input: bool) -> dict[str, Any]:
         """Wait for the executor's tasks sent here (seq < expected_seq) to run, then give it up."""
-        await self._wait_turn(
-            lambda: executor_id in self.executors and self.next_seq[executor_id] >= expected_seq
-        )
+        # next_seq is set last when an executor arrives (after an out-of-core admit, which may wait)
+        await self._wait_turn(lambda: self.next_seq.get(executor_id, -1) >= expected_seq)
+        if self.memory is not None:  # read back from disk if it was evicted
+            state, data = await self.memory.take(executor_id)
         ex = self.executors.pop(executor_id)
         seq = self.next_seq.pop(executor_id)
-        state = ex.get_state()
+        if self.memory is None:
+            state, data = ex.get_state(), ex.input
         return {
             "state": state,
             "state_bytes": len(pickle.dumps(state, protocol=5)) if state is not None else 0,
             "has_input": send_input,
-            "input": ex.input if send_input else None,
+            "input": data if send_input else None,
             "next_seq": seq,
         }
 
-    def collect_states(self) -> dict[int, tuple[Any, int]]:
-        """{executor: (state, next seq)} of every hosted executor (for a consistent checkpoint)."""
-        return {e: (ex.get_state(), self.next_seq[e]) for e, ex in self.executors.items()}
-
-    # ------------------------------------------------------------------ PS reads
-    async def ps_read(
-        self, table: str, rows: np.ndarray | None, version: int, stats: dict[str, float], min_commit: int = 0
-    ) -> np.ndarray:
-        """`table` (`rows`, or whole) as of `version` or later: from the cache where its rows are
-        that new, otherwise fetched from the shards (the time spent counted in ps_wait_s)."""
-        if rows is None and self.cache.floor.get(table, -1) >= version:  # the common hit, cheaply
-            self.full_reads.add(table)
-            stats["hits"] += 1
-            return self.cache.read(table, None)
-        meta = self.cache.table(table)
-        idx = None if rows is None else np.asarray(rows, dtype=np.int64)
-        if idx is None:
-            self.full_reads.add(table)
-        if idx is not None and idx.size and (idx.min() < 0 or idx.max() >= meta.shape[0]):
-            raise IndexError(f"PS get {table!r}: rows outside [0, {meta.shape[0]})")
-        if self.cache.stale_rows(table, idx, version).size == 0:
-            stats["hits"] += 1
-            return self.cache.read(table, idx)
-        start = time.perf_counter()
-        try:
-            return await self._fetch(table, idx, version, stats, min_commit)
-        finally:
-            stats["ps_wait_s"] += time.perf_counter() - start
-
-    async def _fetch(
-        self, table: str, idx: np.ndarray | None, version: int, stats: dict[str, float], min_commit: int
-    ) -> np.ndarray:
-        lock = self._fetch_locks.setdefault(table, asyncio.Lock())
-        async with lock:  # one fetch per table at a time: a second task then hits the cache
-            stale = self.cache.stale_rows(table, idx, version)
-            if stale.size == 0:
-                stats["hits"] += 1
-                return self.cache.read(table, idx)
-            stats["misses"] += 1
-            owner = self.layout.owners[table][stale]
-            shards = np.unique(owner)
-            parts = [stale[owner == s] for s in shards]
-            got = await asyncio.gather(
-                *[
-                    self.layout.shards[int(s)].get.remote(table, part, min_commit)
-                    for s, part in zip(shards, parts, strict=True)
-                ]
-            )
-            for part, vals in zip(parts, got, strict=True):
-                self.cache.fill(table, part, vals, version)
-            return self.cache.read(table, idx)
+    async def collect_states(self) -> dict[int, tuple[Any, int]]:
+        """{executor: (state, next seq)} of every hosted executor (for a consistent checkpoint);
+        an evicted executor's state is read from disk."""
+        if self.memory is None:
+            return {e: (ex.get_state(), self.next_seq[e]) for e, ex in self.executors.items()}
+        return {e: (await self.memory.state_of(e), self.next_seq[e]) for e in list(self.executors)}
 
     # ------------------------------------------------------------------ micro-tasks
     async def run_batch(self, payload: bytes, layout: Layout | None = None) -> bytes:
@@ -254,54 +255,71 @@ class LitzWorkerActor:
         `push_version` (the master's version, >= every task's here), so those reads hit."""
         if layout is not None:
             self.set_layout(layout)
-        for table, values in (push or {}).items():
-            self.cache.fill_all(table, values, push_version)
+        self.ps.take_push(push, push_version)
         log = UpdateLog(self.tables)
         stats = {"hits": 0.0, "misses": 0.0, "ps_wait_s": 0.0}
         start = time.perf_counter()
+        if self.memory is not None:
+            try:
+                results = await self._run_tasks(tasks, log, stats, min_commit, push)
+            finally:
+                for t in tasks:
+                    self._queued.pop(t[0], None)
+        else:
+            results = await self._run_tasks(tasks, log, stats, min_commit, push)
+        stats["run_s"] = time.perf_counter() - start
+        out = await self._finish_batch(batch_id, log, stats, start, results)
+        if self.memory is not None:
+            out["ooc"] = self.memory.drain_stats()
+        return out
+
+    async def _run_tasks(
+        self,
+        tasks: list[TaskSpec],
+        log: UpdateLog,
+        stats: dict[str, float],
+        min_commit: int,
+        push: dict[str, np.ndarray] | None,
+    ) -> list[Any]:
+        """Run a batch's tasks, in order or cooperatively (see `_run_batch`)."""
+        if self.memory is not None:
+            # Under a budget, one task at a time: tasks overlapping their PS reads would each pin
+            # their executor in memory at once, however many there are.
+            order = self.memory.policy.run_order([t[1] for t in tasks], self.memory.resident)
+            self._queued.update((tasks[i][0], tasks[i][1]) for i in order)
+            self.memory.kick()  # load ahead what the batch needs first
+            if order != sorted(order):
+
+                def run_one(task: TaskSpec, task_log: UpdateLog) -> Awaitable[Any]:
+                    return self._run_one(task, task_log, stats, min_commit)
+
+                return await run_reordered(tasks, order, self.tables, log, run_one)
+            return [await self._run_one(t, log, stats, min_commit) for t in tasks]
         if len(tasks) == 1 or self._reads_all_local(push):
             # In order, without an event-loop task each: nothing to overlap when every read hits
             # the pushed tables (with the lock-free turn in `_run_one`, ~11 of the ~29 µs a task
             # used to cost in the over-partitioning benchmark's batches).
-            results = [await self._run_one(t, log, stats, min_commit) for t in tasks]
-        else:  # cooperatively: a task waiting on a shard read yields to the others
-            results = await asyncio.gather(*[self._run_one(t, log, stats, min_commit) for t in tasks])
-        stats["run_s"] = time.perf_counter() - start
+            return [await self._run_one(t, log, stats, min_commit) for t in tasks]
+        # cooperatively: a task waiting on a shard read yields to the others
+        return list(await asyncio.gather(*[self._run_one(t, log, stats, min_commit) for t in tasks]))
+
+    async def _finish_batch(
+        self, batch_id: int, log: UpdateLog, stats: dict[str, float], start: float, results: list[Any]
+    ) -> dict[str, Any]:
+        """Stage the batch's summed updates (or keep them inline) and build its answer."""
         drained = log.drain()
-        worker = self.worker_id
-        key = (worker, batch_id)
+        key = (self.worker_id, batch_id)
+        answer = {"results": results, "stats": stats, "worker": self.worker_id,
+                  "full_reads": sorted(self.ps.full_reads)}
         nbytes = sum(rows.nbytes + delta.nbytes for rows, delta in drained.values())
         if drained and nbytes <= self.inline_update_bytes:
             # small: back with the results; the master's next commit carries it to the shards
-            stats["flush_s"] = time.perf_counter() - start - stats["run_s"]
-            return {
-                "key": key,
-                "inline": drained,
-                "results": results,
-                "stats": stats,
-                "worker": worker,
-                "full_reads": sorted(self.full_reads),
-            }
-        by_shard: dict[int, list[tuple[str, np.ndarray, np.ndarray]]] = {}
-        for table, (rows, delta) in drained.items():
-            owner = self.layout.owners[table][rows]
-            for s in np.unique(owner):
-                sel = owner == s
-                by_shard.setdefault(int(s), []).append((table, rows[sel], delta[sel]))
-        if by_shard:
-            await asyncio.gather(
-                *[self.layout.shards[s].stage.remote(key, items) for s, items in by_shard.items()]
-            )
+            answer.update(key=key, inline=drained)
+        else:
+            staged = await self.ps.stage(key, drained)
+            answer.update(key=key if staged else None, inline=None, staged_tables=sorted(drained))
         stats["flush_s"] = time.perf_counter() - start - stats["run_s"]
-        return {
-            "key": key if by_shard else None,
-            "inline": None,
-            "staged_tables": sorted(drained),
-            "results": results,
-            "stats": stats,
-            "worker": self.worker_id,
-            "full_reads": sorted(self.full_reads),
-        }
+        return answer
 
     def _reads_all_local(self, push: dict[str, np.ndarray] | None) -> bool:
         """Every table came with the batch (so every read hits) and no node floor paces tasks."""
@@ -323,9 +341,12 @@ class LitzWorkerActor:
         task_id, eid, seq, args, version = task
         if self.next_seq.get(eid, -1) != seq:  # not this task's turn yet
             await self._wait_turn(lambda: self.next_seq.get(eid, -1) == seq)
+        if self.memory is not None:
+            self._queued.pop(task_id, None)
+            await self.memory.ensure(eid)  # loaded back if it was evicted; pinned while it runs
         ex = self.executors[eid]
         task_stats = {"hits": 0.0, "misses": 0.0, "ps_wait_s": 0.0}
-        ctx = _TaskContext(eid, version, _TaskPS(self, version, log, task_stats, min_commit))
+        ctx = _TaskContext(eid, version, _TaskPS(self.ps, version, log, task_stats, min_commit))
         start = time.perf_counter()
         value: Any = None
         error: str | None = None
@@ -336,6 +357,8 @@ class LitzWorkerActor:
         except Exception as exc:  # the application's own error: reported to the master, named
             error = f"executor {eid}, task {task_id} (args {args!r}): {type(exc).__name__}: {exc}"
         finally:
+            if self.memory is not None:
+                await self.memory.done(eid)
             if self.task_floor_s > 0:
                 # the emulated node runs one task per floor period: reserve the next slot on its
                 # clock and sleep until the slot ends (deadlines, so sleep overshoots do not add up)
@@ -388,7 +411,13 @@ class SequentialWorkerActor:
         )
 
     def collect_states(self) -> dict[int, tuple[Any, int]]:
-        return self._worker.collect_states()
+        return self._loop.run_until_complete(self._worker.collect_states())
+
+    def set_memory_budget(self, budget: int | None, policy: str, spill_dir: str) -> None:
+        self._loop.run_until_complete(self._worker.set_memory_budget(budget, policy, spill_dir))
+
+    def close_memory(self) -> None:
+        self._worker.close_memory()
 
     def run_batch(self, payload: bytes, layout: Layout | None = None) -> bytes:
         return self._loop.run_until_complete(self._worker.run_batch(payload, layout))
