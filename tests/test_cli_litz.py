@@ -117,6 +117,9 @@ def test_mlr_local_text_summary(capsys):
         (["mlr", "--checkpoint-every", "2"], "--checkpoint-every needs --checkpoint-dir"),
         (["nope"], "expected mlr, lda, FILE.py:FACTORY"),
         (["missing_file.py:app"], "missing_file.py: no such file"),
+        (["kmeans", "--memory-budget", "lots"], "expected a size like 500M or 2G, got 'lots'"),
+        (["kmeans", "--memory-budget", "0"], "expected a size of at least one byte"),
+        (["kmeans", "--local", "--memory-budget", "1M"], "--local keeps every executor in memory"),
     ],
 )
 def test_bad_input_is_one_line_naming_the_key(capsys, argv, needle):
@@ -132,7 +135,7 @@ def test_key_tables_cover_every_key_the_apps_read():
     import pollux.datasets as data_mod
     import pollux.litz.apps.lda as lda_mod
     import pollux.litz.apps.mlr as mlr_mod
-    from pollux.cli.litz_commands import LDA_KEYS, MLR_KEYS
+    from pollux.cli.litz_apps import LDA_KEYS, MLR_KEYS
 
     def read(module: Any) -> set[str]:
         text = Path(module.__file__).read_text()
@@ -141,6 +144,16 @@ def test_key_tables_cover_every_key_the_apps_read():
     assert {"lr", "staleness"} <= read(mlr_mod) and "num_topics" in read(lda_mod)  # the regex works
     assert read(mlr_mod) | read(data_mod) <= set(MLR_KEYS)
     assert read(lda_mod) <= set(LDA_KEYS)
+
+
+def test_kmeans_key_table_is_the_factorys_defaults():
+    import inspect
+
+    from pollux.cli.litz_apps import KMEANS_KEYS
+    from pollux.litz.apps import kmeans_app
+
+    defaults = {n: p.default for n, p in inspect.signature(kmeans_app).parameters.items()}
+    assert KMEANS_KEYS == defaults
 
 
 def test_doc_example_converges_locally(kmeans):
@@ -242,3 +255,21 @@ def test_doc_example_on_ray_runtime_and_cli(capsys, kmeans, ray_cluster):
     assert data["runtime"] == "ray" and data["iterations"] == 20
     assert data["objective"] <= 1.05 * kmeans.inertia(points, true_centres)
     assert ray.is_initialized(), "the command must leave a Ray it did not start running"
+
+
+def test_kmeans_under_a_memory_budget_evicts_and_gives_the_in_memory_centres(capsys, ray_cluster):
+    """``--memory-budget`` of about half the executors' bytes (4 of ~0.2 MB each on one worker):
+    executors are evicted and read back, and the centres are those of the run without a budget."""
+    tiny = ["kmeans", "--set", "points_per_executor=1500", "--set", "dim=16", "--set", "k=8",
+            "--iterations", "6", "--executors", "4", "--workers", "1", "--json", "--quiet"]
+    rc, out, err = run_cli(capsys, *tiny)
+    assert rc == 0, err
+    plain = json.loads(out)
+    rc, out, err = run_cli(capsys, *tiny, "--memory-budget", "0.2M")
+    assert rc == 0, err
+    budget = json.loads(out)
+    ooc = budget["out_of_core"]
+    assert ooc["budget_bytes"] == int(0.2 * (1 << 20)) and ooc["evictions"] > 0 and ooc["reloads"] > 0
+    assert ooc["peak_bytes"] <= ooc["budget_bytes"] and ooc["bytes_read"] > 0
+    assert plain["out_of_core"]["evictions"] == 0
+    assert budget["final"]["centres"] == plain["final"]["centres"]

@@ -8,205 +8,34 @@ JSON object with ``--json``), and shuts Ray down again, waiting until none of it
 Ray, deterministic. When the caller (Python code, a test) has already initialised Ray, the command
 uses that cluster and leaves it running.
 
-The application is ``mlr``, ``lda`` or ``FILE.py:FACTORY`` / ``MODULE:FACTORY`` (a function returning
-an :class:`~pollux.litz.api.Application`; ``docs/litz.md`` writes one). ``--set KEY=VALUE`` overrides
-one config key, typed from the key's default (for a factory: from its keyword defaults); a key the
-application does not know, or a value of the wrong type, is a usage error naming the key (exit 2).
+The application is ``mlr``, ``lda``, ``kmeans``, ``hdbscan`` or ``FILE.py:FACTORY`` / ``MODULE:FACTORY`` (a
+function returning an :class:`~pollux.litz.api.Application`; ``docs/litz.md`` writes one).
+``--set KEY=VALUE`` overrides one config key, typed from the key's default (for a factory: from its
+keyword defaults); a key the application does not know, or a value of the wrong type, is a usage
+error naming the key (exit 2).
+``hdbscan`` clusters ``--data FILE`` (``.npy`` or ``.csv``) or a generated set (``--points``, ``--dims``,
+``--clusters``, ``--noise``) and writes its labels to ``--out`` (``.npy``, or ``.csv`` one per line).
+Which application and its config: :mod:`pollux.cli.litz_apps`. ``--memory-budget`` keeps each worker's
+executors within a number of bytes, the rest on local disk (out-of-core execution, ``docs/litz.md``).
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib
-import importlib.util
-import inspect
 import json
 import math
 import os
 import sys
 import threading
 import time
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass
-from pathlib import Path
+from collections.abc import Mapping
 from typing import Any
 
 from pollux import raylink
 from pollux.cli.errors import CliError
 from pollux.cli.formatting import escape_lines
+from pollux.cli.litz_apps import build_config, make_application, resolve_app
 from pollux.cli.parser import _typed, command, nonnegative_int, positive_float, positive_int
-
-#: Config keys of the bundled applications and their defaults (from the apps' module docstrings).
-#: A ``None`` default is given as its type: the key is off unless set.
-MLR_KEYS: dict[str, Any] = {
-    "dataset": "gaussian", "n": 4000, "d": 20, "classes": 5, "separation": 1.5, "seed": 0,
-    "batch_size": 32, "lr": 0.5, "l2": 0.0, "staleness": 0, "iterations": 100, "epochs": float,
-    "target_loss": float, "report_every": 10, "double_buffer": bool,
-}
-LDA_KEYS: dict[str, Any] = {
-    "corpus": "synthetic", "num_docs": 600, "vocab_size": 200, "true_topics": 10, "doc_length": 80,
-    "gen_alpha": 0.1, "gen_beta": 0.05, "max_vocab": 2000, "min_df": 5, "max_df": 0.1,
-    "min_doc_tokens": 20, "max_files": int, "num_topics": 12, "alpha": 0.1, "beta": 0.01,
-    "num_blocks": int, "epochs": 30, "seed": 0, "word_share": int, "top_words": 10,
-}
-#: Any type at all (a factory's keyword without a default, or with a ``None`` one).
-ANY = object
-
-#: The options that set a config key, and the key (LDA's iterations are its epochs).
-OPTION_KEYS = {"iterations": "iterations", "epochs": "epochs", "staleness": "staleness", "seed": "seed"}
-
-
-@dataclass
-class AppChoice:
-    """The application to run: its name, its factory and its config keys with defaults or types."""
-
-    name: str
-    factory: Callable[..., Any]
-    keys: dict[str, Any]
-    open_keys: bool = False  # the factory takes **config: unknown keys cannot be detected
-
-
-# ------------------------------------------------------------------------------ the application
-
-def resolve_app(spec: str) -> AppChoice:
-    """``mlr``, ``lda``, ``path/to/file.py:factory`` or ``package.module:factory``."""
-    if spec in ("mlr", "lda"):
-        from pollux.litz.apps import APPS
-
-        return AppChoice(spec, APPS[spec], dict(MLR_KEYS if spec == "mlr" else LDA_KEYS))
-    where, sep, name = spec.rpartition(":")
-    if not sep or not where or not name.isidentifier():
-        raise CliError(f"application {spec!r}: expected mlr, lda, FILE.py:FACTORY or MODULE:FACTORY",
-                       usage=True)
-    module = _load_module(where)
-    factory = getattr(module, name, None)
-    if not callable(factory):
-        raise CliError(f"application {spec!r}: {where} has no function {name!r}", usage=True)
-    keys: dict[str, Any] = {}
-    open_keys = False
-    for p in inspect.signature(factory).parameters.values():
-        if p.kind is inspect.Parameter.VAR_KEYWORD:
-            open_keys = True
-        elif p.kind in (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY):
-            keys[p.name] = ANY if p.default is inspect.Parameter.empty or p.default is None else p.default
-    return AppChoice(name, factory, keys, open_keys)
-
-
-def _load_module(where: str) -> Any:
-    """Import a file (registered under a private name) or a module; Ray workers get it by value."""
-    try:
-        if where.endswith(".py"):
-            path = Path(where)
-            if not path.is_file():
-                raise CliError(f"application file {where}: no such file", usage=True)
-            mod_name = f"pollux_litz_user_{path.stem}"
-            spec = importlib.util.spec_from_file_location(mod_name, path)
-            if spec is None or spec.loader is None:
-                raise CliError(f"application file {where}: cannot be imported", usage=True)
-            module = importlib.util.module_from_spec(spec)
-            sys.modules[mod_name] = module
-            spec.loader.exec_module(module)
-            return module
-        return importlib.import_module(where)
-    except ImportError as exc:
-        raise CliError(f"application module {where}: {exc}", usage=True) from exc
-
-
-def parse_value(key: str, text: str, default: Any) -> Any:
-    """``text`` as the type of ``default`` (a value, a type, or :data:`ANY`); ``none`` turns an
-    optional key off. A usage error names the key."""
-    kind = default if isinstance(default, type) else type(default)
-    optional = isinstance(default, type)
-    low = text.strip().lower()
-    if optional and low in ("none", "null", ""):
-        return None
-    try:
-        if kind is bool:
-            if low in ("1", "true", "yes", "on"):
-                return True
-            if low in ("0", "false", "no", "off"):
-                return False
-            raise ValueError(text)
-        if kind is int:
-            return int(text)
-        if kind is float:
-            value = float(text)
-            if not math.isfinite(value):
-                raise ValueError(text)
-            return value
-        if kind is str:
-            return text
-        return _guess(text)
-    except ValueError:
-        raise CliError(f"--set {key}={text}: expected {kind.__name__ if kind is not ANY else 'a value'}"
-                       f"{' or none' if optional else ''}", usage=True) from None
-
-
-def _guess(text: str) -> Any:
-    """A value of a key whose type is unknown: int, float, bool, none, else the string."""
-    low = text.lower()
-    if low in ("true", "false"):
-        return low == "true"
-    if low in ("none", "null"):
-        return None
-    for convert in (int, float):
-        try:
-            return convert(text)
-        except ValueError:
-            pass
-    return text
-
-
-def build_config(choice: AppChoice, args: argparse.Namespace) -> dict[str, Any]:
-    """The config overrides from ``--set`` and the shortcut options, checked against the app's keys."""
-    config: dict[str, Any] = {}
-    for item in args.set or []:
-        key, sep, text = item.partition("=")
-        key = key.strip()
-        if not sep or not key:
-            raise CliError(f"--set {item}: expected KEY=VALUE", usage=True)
-        if key not in choice.keys and not choice.open_keys:
-            raise CliError(f"--set {key}: unknown config key of {choice.name} (known: "
-                           f"{', '.join(sorted(choice.keys))})", usage=True)
-        config[key] = parse_value(key, text, choice.keys.get(key, ANY))
-    if args.iterations is not None and args.epochs is not None:
-        raise CliError("--iterations and --epochs: give one of them", usage=True)
-    for option, key in OPTION_KEYS.items():
-        value = getattr(args, option)
-        if value is None:
-            continue
-        if choice.name == "lda" and option == "iterations":
-            key = "epochs"  # an LDA iteration is an epoch of Gibbs sampling
-        if key not in choice.keys and not choice.open_keys:
-            raise CliError(f"--{option}: the {choice.name} application has no {key!r} setting", usage=True)
-        if key in config:
-            raise CliError(f"--{option} and --set {key}=...: give one of them", usage=True)
-        default = choice.keys.get(key, ANY)
-        if (default is int or type(default) is int) and isinstance(value, float):
-            if not value.is_integer():
-                raise CliError(f"--{option}: {choice.name}'s {key!r} is a whole number, got {value:g}",
-                               usage=True)
-            value = int(value)
-        config[key] = value
-    return config
-
-
-def make_application(choice: AppChoice, config: Mapping[str, Any], num_executors: int) -> Any:
-    """Build the app and its driver once (data and layout checks) before any Ray process starts."""
-    from pollux.litz.api import Application
-
-    try:
-        app = choice.factory(**config)
-        if not isinstance(app, Application):
-            raise CliError(f"application {choice.name}: the factory returned {type(app).__name__}, "
-                           "not a pollux.litz.api.Application", usage=True)
-        app.driver(num_executors, app.config).tables()
-    except (ValueError, TypeError, KeyError) as exc:
-        text = str(exc)
-        raise CliError(text if choice.name.lower() in text.lower() else f"{choice.name} config: {text}",
-                       usage=True) from exc
-    return app
-
 
 # ------------------------------------------------------------------------------ progress
 
@@ -265,7 +94,9 @@ def run_on_ray(app: Any, args: argparse.Namespace, progress: Progress) -> Any:
     try:
         cfg = RuntimeConfig(num_executors=args.executors, num_workers=args.workers, num_shards=args.shards,
                             seed=args.seed or 0, checkpoint_dir=args.checkpoint_dir,
-                            checkpoint_every_s=args.checkpoint_every, task_floor_s=args.task_floor)
+                            checkpoint_every_s=args.checkpoint_every, task_floor_s=args.task_floor,
+                            memory_budget_bytes=args.memory_budget, out_of_core_policy=args.ooc_policy,
+                            spill_dir=args.spill_dir)
     except ValueError as exc:
         raise CliError(str(exc), usage=True) from exc
     owned = not _ray_running(ray)
@@ -377,6 +208,11 @@ def summary_dict(app: Any, args: argparse.Namespace, s: Any) -> dict[str, Any]:
         "cache": {"hits": hits, "misses": misses,
                   "hit_rate": hits / (hits + misses) if hits + misses else None},
         "metrics": list(s.metrics),
+        "out_of_core": {"budget_bytes": getattr(args, "memory_budget", None),
+                        "evictions": int(s.ooc_evictions), "reloads": int(s.ooc_reloads),
+                        "prefetches": int(s.ooc_prefetches), "bytes_written": int(s.ooc_bytes_written),
+                        "bytes_read": int(s.ooc_bytes_read), "wait_s": float(s.ooc_wait_s),
+                        "peak_bytes": int(s.ooc_peak_bytes)},
     })
 
 
@@ -393,6 +229,13 @@ def _jsonable(value: Any) -> Any:
     return value
 
 
+def _out_of_core_text(ooc: Mapping[str, Any]) -> str:
+    """One summary line of a run under a memory budget: what was evicted and read back."""
+    return (f"out of core (budget {ooc['budget_bytes']} B a worker): {ooc['evictions']} evictions, "
+            f"{ooc['reloads']} reloads ({ooc['prefetches']} ahead of their task), "
+            f"{ooc['bytes_written']} B written, {ooc['bytes_read']} B read, peak {ooc['peak_bytes']} B")
+
+
 def summary_text(d: Mapping[str, Any]) -> str:
     rate = d["cache"]["hit_rate"]
     lines = [
@@ -406,6 +249,8 @@ def summary_text(d: Mapping[str, Any]) -> str:
     if ck["dir"] or ck["saved"] or ck["loaded"]:
         lines.append(f"  checkpoints saved {ck['saved']}, loaded {ck['loaded']}, recoveries "
                      f"{ck['recoveries']} ({ck['dir']})")
+    if d["out_of_core"]["budget_bytes"] is not None:
+        lines.append(f"  {_out_of_core_text(d['out_of_core'])}")
     lines.append(f"  parameter cache: {d['cache']['hits']} hits, {d['cache']['misses']} misses"
                  + (f" (hit rate {rate:.0%})" if rate is not None else ""))
     extra = {k: v for k, v in d["final"].items() if k not in ("objective", "iterations")}
@@ -422,6 +267,9 @@ def cmd_litz_run(args: argparse.Namespace) -> int:
     if args.local and (args.resize_at or args.checkpoint_dir or args.task_floor):
         raise CliError("--local runs in one process: --resize-at, --checkpoint-dir and --task-floor "
                        "need the Ray runtime", usage=True)
+    if args.local and (args.memory_budget is not None or args.spill_dir):
+        raise CliError("--local keeps every executor in memory: --memory-budget and --spill-dir need the "
+                       "Ray runtime", usage=True)
     if args.checkpoint_every is not None and not args.checkpoint_dir:
         raise CliError("--checkpoint-every needs --checkpoint-dir", usage=True)
     choice = resolve_app(args.app)
@@ -443,6 +291,8 @@ def cmd_litz_run(args: argparse.Namespace) -> int:
             summary = run_on_ray(app, args, progress)
     except LitzError as exc:
         raise CliError(str(exc)) from exc
+    if choice.name == "hdbscan":
+        _write_labels(summary.final, args.out)
     data = summary_dict(app, args, summary)
     if args.json:
         print(json.dumps(data))
@@ -451,17 +301,54 @@ def cmd_litz_run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _write_labels(final: dict[str, Any], out: str | None) -> None:
+    """Take hdbscan's labels out of the summary (one per point: too long to print) and write them to
+    ``out``: ``.csv`` as one label per line, anything else with numpy's ``.npy`` format."""
+    import numpy as np
+
+    labels = np.asarray(final.pop("labels", np.zeros(0, dtype=np.int64)), dtype=np.int64)
+    if out is None:
+        return
+    try:
+        if out.lower().endswith(".csv"):
+            np.savetxt(out, labels, fmt="%d")
+        else:
+            with open(out, "wb") as fh:  # exactly this name (np.save would add .npy to another)
+                np.save(fh, labels)
+    except OSError as exc:
+        raise CliError(f"--out {out}: cannot write the labels ({exc.strerror or exc})") from exc
+    final["labels_file"] = out
+
+
+#: The suffixes --memory-budget takes, as multiples of a byte.
+BYTE_SUFFIXES = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+
+
+def _byte_size(text: str) -> int:
+    """``--memory-budget``: a positive number of bytes, optionally with a K, M or G suffix (powers of 2)."""
+    body = text.strip().upper().removesuffix("B")
+    suffix = body[-1:] if body[-1:] in BYTE_SUFFIXES else ""
+    try:
+        value = float(body[: len(body) - len(suffix)]) * BYTE_SUFFIXES[suffix]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a size like 500M or 2G, got {text!r}") from None
+    if not math.isfinite(value) or value < 1:
+        raise argparse.ArgumentTypeError(f"expected a size of at least one byte, got {text!r}")
+    return int(value)
+
+
 def add_litz_commands(sub: Any) -> None:
     """Add ``litz run`` to the subcommands ``sub``."""
     p = sub.add_parser("litz", help="run Litz applications (elastic parameter-server jobs)",
                        description="Litz: ML programs as micro-tasks on executors with a sharded "
                                    "parameter server, resizable while they run (docs/litz.md).")
     lsub = p.add_subparsers(dest="litz_command", required=True)
-    r = lsub.add_parser("run", help="run mlr, lda or your own application on this machine",
+    r = lsub.add_parser("run", help="run mlr, lda, kmeans, hdbscan or your own application on this machine",
                         description="Run a Litz application on a private local Ray cluster (or with "
                                     "--local in this process), with progress on stderr and a summary.")
     r.add_argument("app", metavar="APP",
-                   help="mlr, lda, or FILE.py:FACTORY / MODULE:FACTORY (a function returning an Application)")
+                   help="mlr, lda, kmeans, hdbscan, or FILE.py:FACTORY / MODULE:FACTORY (a function "
+                        "returning an Application)")
     r.add_argument("--workers", type=positive_int, metavar="N", default=2, help="worker actors (default 2)")
     r.add_argument("--shards", type=positive_int, metavar="N", default=2,
                    help="parameter-server shards (default 2)")
@@ -488,6 +375,29 @@ def add_litz_commands(sub: Any) -> None:
                                                "a number >= 0"),
                    default=0.0, metavar="S",
                    help="pad every micro-task to >= S seconds: an emulated node speed (default 0)")
+    m = r.add_argument_group("out of core", "executors beyond a memory budget wait on local disk (Ray only)")
+    m.add_argument("--memory-budget", type=_byte_size, default=None, metavar="SIZE",
+                   help="bytes of executors each worker keeps in memory: a number, or with K, M or G "
+                        "(default: no limit)")
+    m.add_argument("--ooc-policy", choices=("litz", "lru"), default="litz",
+                   help="which executor to evict: litz (none with queued tasks first, load ahead; the "
+                        "default) or lru (least recently used, load on demand)")
+    m.add_argument("--spill-dir", metavar="DIR", default=None,
+                   help="where evicted executors go (default: the system's temporary folder)")
+    h = r.add_argument_group("hdbscan", "the points to cluster and where the labels go (hdbscan only)")
+    h.add_argument("--data", metavar="FILE", default=None,
+                   help="cluster the vectors in FILE (.npy, or .csv: one point per line) instead of a "
+                        "generated set")
+    h.add_argument("--points", type=positive_int, default=None, metavar="N",
+                   help="generated set: points (config 'n', default 10000)")
+    h.add_argument("--dims", type=positive_int, default=None, metavar="D",
+                   help="generated set: dimensions (config 'dim', default 10)")
+    h.add_argument("--clusters", type=positive_int, default=None, metavar="C",
+                   help="generated set: Gaussian clusters (config 'clusters', default 100)")
+    h.add_argument("--noise", type=_typed("fraction", float, lambda v: 0.0 <= v < 1.0, "a number in [0, 1)"),
+                   default=None, metavar="F", help="generated set: fraction of uniform noise (default 0.2)")
+    h.add_argument("--out", metavar="FILE", default=None,
+                   help="write the labels (-1 noise) to FILE: .npy, or .csv with one per line")
     r.add_argument("--json", action="store_true", help="print the summary as one JSON object")
     r.add_argument("--quiet", action="store_true", help="no progress lines")
     command(r, cmd_litz_run)
