@@ -14,6 +14,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Mapping
 from pathlib import Path
 from types import ModuleType
@@ -73,3 +74,34 @@ def run_quick_json(script: Path, timeout_s: float) -> tuple[dict[str, Any], str]
                           timeout=timeout_s, cwd=ROOT, env=dict(os.environ, OMP_NUM_THREADS="1"))
     assert proc.returncode == 0, proc.stderr[-4000:]
     return json.loads(proc.stdout), proc.stderr
+
+
+def ray_session_pids(session: str) -> list[int]:
+    """Processes whose command line names the Ray session ``session`` (Ray's head processes do)."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                if session.encode() in f.read():
+                    found.append(int(entry))
+        except OSError:
+            continue
+    return found
+
+
+def assert_ray_session_gone(session: str | None, before: set[int], timeout_s: float = 20.0) -> None:
+    """A benchmark stops its own Ray before it exits: within ``timeout_s`` no process of its session
+    may be left, nor any child of this process that was not there ``before`` (orphans are not our
+    children, hence the session's names too)."""
+    from pollux.cluster.backends.processes import descendants
+
+    assert session, "the benchmark must report its Ray session"
+    deadline = time.monotonic() + timeout_s
+    while True:
+        left = ray_session_pids(session) + [p for p in descendants(os.getpid()) if p not in before]
+        if not left or time.monotonic() >= deadline:
+            break
+        time.sleep(0.2)
+    assert left == [], f"processes of Ray session {session} left behind by the benchmark: {left}"

@@ -16,7 +16,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -24,6 +23,7 @@ import pytest
 pytest.importorskip("ray")
 pytest.importorskip("torch")
 
+from bench_scripts import assert_ray_session_gone
 from pollux.cluster.backends.processes import descendants
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -106,29 +106,4 @@ def test_litz_benchmark_quick_json_has_every_section():
     assert vs["ddp"]["objective_end"] < math.log(vs["config"]["classes"]), "DDP must have trained"
     assert _finite(rep["wall_s"]) and rep["wall_s"] > 0
 
-    # the benchmark's own Ray is stopped before it exits: no process of its session may be left
-    # (Ray's head processes name the session on their command line; orphans are not our children)
-    session = rep.get("ray_session")
-    assert session, "the benchmark must report its Ray session"
-    deadline = time.monotonic() + 20
-    def new_children() -> list[int]:
-        return [p for p in descendants(os.getpid()) if p not in before]
-
-    while (left := _session_pids(session) + new_children()) and time.monotonic() < deadline:
-        time.sleep(0.2)
-    assert left == [], f"processes of Ray session {session} left behind by the benchmark: {left}"
-
-
-def _session_pids(session: str) -> list[int]:
-    """Processes whose command line names the Ray session `session`."""
-    out = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/cmdline", "rb") as f:
-                if session.encode() in f.read():
-                    out.append(int(entry))
-        except OSError:
-            continue
-    return out
+    assert_ray_session_gone(rep.get("ray_session"), before)

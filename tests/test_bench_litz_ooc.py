@@ -13,31 +13,16 @@ from __future__ import annotations
 import json
 import math
 import os
-import time
 
 import pytest
 
 pytest.importorskip("ray")
 
-from bench_scripts import BENCHMARKS, run_benchmark
+from bench_scripts import BENCHMARKS, assert_ray_session_gone, run_benchmark
 from pollux.cluster.backends.processes import descendants
 
 #: A guard against a hang, not a speed check (the quick run takes well under a minute).
 HANG_GUARD_S = 300
-
-
-def _session_pids(session: str) -> list[int]:
-    out = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/cmdline", "rb") as f:
-                if session.encode() in f.read():
-                    out.append(int(entry))
-        except OSError:
-            continue
-    return out
 
 
 def test_litz_ooc_quick_json_has_the_issue_figures() -> None:
@@ -61,10 +46,4 @@ def test_litz_ooc_quick_json_has_the_issue_figures() -> None:
     assert set(rep["targets"]) == {"identical_results", "vs_in_memory_le_2", "speedup_vs_baseline_ge_3",
                                    "peak_within_budget_plus_10pct"}
 
-    session = rep.get("ray_session")
-    assert session, "the benchmark must report its Ray session"
-    deadline = time.monotonic() + 20
-    while (left := _session_pids(session) + [p for p in descendants(os.getpid()) if p not in before]) \
-            and time.monotonic() < deadline:
-        time.sleep(0.2)
-    assert left == [], f"processes of Ray session {session} left behind: {left}"
+    assert_ray_session_gone(rep.get("ray_session"), before)
