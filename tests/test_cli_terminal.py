@@ -26,11 +26,12 @@ from pollux.sim.table import render_rows
 BOX = set("┏━┳┓┃┡╇┩│└─┴┘")
 SGR = "\x1b["
 
-#: `pollux scar experiment --json --trials 5 --quiet`, saved before rich drew anything (issue 35).
+#: `pollux scar experiment --json --trials 5 --quiet`, saved before rich drew anything (issue 35), at
+#: the plain MLR defaults of issue 39 (standardised features) and with their `perturbation_mean`.
 SCAR_JSON_BEFORE = {"model": "mlr", "layout": "rows", "recovery": "partial", "strategy": "full",
-                    "fraction": 1.0, "lost_fraction": 0.5, "trials": 5, "seed": 0, "mean": 2.8,
-                    "ci95": 3.0917, "unconverged": 0, "baseline_iterations": 80,
-                    "threshold": 1.4758883176373003}
+                    "fraction": 1.0, "lost_fraction": 0.5, "trials": 5, "seed": 0, "mean": 4.4,
+                    "ci95": 5.4548, "unconverged": 0, "perturbation_mean": 1.511348,
+                    "baseline_iterations": 80, "threshold": 0.07151518047569441}
 
 
 class FakeTerminal(io.StringIO):
