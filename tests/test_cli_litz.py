@@ -117,6 +117,8 @@ def test_mlr_local_text_summary(capsys):
         (["mlr", "--checkpoint-every", "2"], "--checkpoint-every needs --checkpoint-dir"),
         (["nope"], "expected mlr, lda, FILE.py:FACTORY"),
         (["missing_file.py:app"], "missing_file.py: no such file"),
+        (["kmeans", "--set", "clusters=4"], "--set clusters: unknown config key of kmeans"),
+        (["kmeans", "--set", "k=many"], "--set k=many: expected int"),
         (["kmeans", "--memory-budget", "lots"], "expected a size like 500M or 2G, got 'lots'"),
         (["kmeans", "--memory-budget", "0"], "expected a size of at least one byte"),
         (["kmeans", "--local", "--memory-budget", "1M"], "--local keeps every executor in memory"),
@@ -144,16 +146,6 @@ def test_key_tables_cover_every_key_the_apps_read():
     assert {"lr", "staleness"} <= read(mlr_mod) and "num_topics" in read(lda_mod)  # the regex works
     assert read(mlr_mod) | read(data_mod) <= set(MLR_KEYS)
     assert read(lda_mod) <= set(LDA_KEYS)
-
-
-def test_kmeans_key_table_is_the_factorys_defaults():
-    import inspect
-
-    from pollux.cli.litz_apps import KMEANS_KEYS
-    from pollux.litz.apps import kmeans_app
-
-    defaults = {n: p.default for n, p in inspect.signature(kmeans_app).parameters.items()}
-    assert KMEANS_KEYS == defaults
 
 
 def test_doc_example_converges_locally(kmeans):

@@ -1,12 +1,12 @@
 """Which application ``pollux litz run`` runs, and its config from the command's options.
 
-The bundled applications (``mlr``, ``lda``, ``kmeans``, ``hdbscan``) come with a table of their config
-keys and defaults; a user's ``FILE.py:FACTORY`` or ``MODULE:FACTORY`` gets its table from the factory's
-keyword defaults. ``--set KEY=VALUE`` and the shortcut options (``--iterations``, ``--epochs``,
-``--staleness``, ``--seed``, hdbscan's data options) are checked against that table, typed from the
-defaults, and a key the application does not know, or a value of the wrong type, is a usage error
-naming the key. Kept apart from the command itself (``pollux.cli.litz_commands``), which runs the
-application and reports on it.
+The bundled applications ``mlr``, ``lda`` and ``hdbscan`` come with a table of their config keys and
+defaults (their factories take ``**config``); ``kmeans`` and a user's ``FILE.py:FACTORY`` or
+``MODULE:FACTORY`` get theirs from the factory's keyword defaults. ``--set KEY=VALUE`` and the
+shortcut options (``--iterations``, ``--epochs``, ``--staleness``, ``--seed``, hdbscan's data options)
+are checked against that table, typed from the defaults, and a key the application does not know, or
+a value of the wrong type, is a usage error naming the key. Kept apart from the command itself
+(``pollux.cli.litz_commands``), which runs the application and reports on it.
 """
 
 from __future__ import annotations
@@ -42,13 +42,10 @@ HDBSCAN_KEYS: dict[str, Any] = {
     "min_samples": int, "min_cluster_size": 5, "sample_rate": 0.5, "delta": 0.001, "max_iterations": 30,
     "broadcast": True, "metric": "euclidean",
 }
-KMEANS_KEYS: dict[str, Any] = {
-    "k": 16, "dim": 32, "points_per_executor": 20000, "batch": 1000, "iterations": 20, "staleness": 0,
-    "spread": 2.0, "report_every": 5, "seed": 0,
-}
 #: The bundled applications and their key tables.
-BUNDLED: dict[str, dict[str, Any]] = {"mlr": MLR_KEYS, "lda": LDA_KEYS, "kmeans": KMEANS_KEYS,
-                                      "hdbscan": HDBSCAN_KEYS}
+BUNDLED: dict[str, dict[str, Any]] = {"mlr": MLR_KEYS, "lda": LDA_KEYS, "hdbscan": HDBSCAN_KEYS}
+#: Bundled applications whose factory names its keywords (``kmeans_app``): the keys are read from it.
+BUNDLED_SIGNED = ("kmeans",)
 #: hdbscan's own options and the keys they set.
 HDBSCAN_OPTIONS = {"data": "data", "points": "n", "dims": "dim", "clusters": "clusters", "noise": "noise"}
 #: Any type at all (a factory's keyword without a default, or with a ``None`` one).
@@ -72,10 +69,12 @@ class AppChoice:
 
 def resolve_app(spec: str) -> AppChoice:
     """A bundled application's name, ``path/to/file.py:factory`` or ``package.module:factory``."""
-    if spec in BUNDLED:
+    if spec in BUNDLED or spec in BUNDLED_SIGNED:
         from pollux.litz.apps import APPS
 
-        return AppChoice(spec, APPS[spec], dict(BUNDLED[spec]))
+        if spec in BUNDLED:
+            return AppChoice(spec, APPS[spec], dict(BUNDLED[spec]))
+        return _signature_choice(spec, APPS[spec])
     where, sep, name = spec.rpartition(":")
     if not sep or not where or not name.isidentifier():
         raise CliError(f"application {spec!r}: expected mlr, lda, FILE.py:FACTORY or MODULE:FACTORY, "
@@ -84,6 +83,11 @@ def resolve_app(spec: str) -> AppChoice:
     factory = getattr(module, name, None)
     if not callable(factory):
         raise CliError(f"application {spec!r}: {where} has no function {name!r}", usage=True)
+    return _signature_choice(name, factory)
+
+
+def _signature_choice(name: str, factory: Callable[..., Any]) -> AppChoice:
+    """The application with its config keys read from the factory's keyword defaults."""
     keys: dict[str, Any] = {}
     open_keys = False
     for p in inspect.signature(factory).parameters.values():
