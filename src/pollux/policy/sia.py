@@ -80,6 +80,7 @@ from pollux.goodput.threads import one_blas_thread
 from pollux.policy.base import Allocation, Cluster, JobView, PolicyState
 from pollux.policy.placement import place_packed
 from pollux.policy.sia_configs import ConfigTable, GoodputCache, build_configs, check_options, config_cost
+from pollux.policy.sia_job_rows import RowMemo
 
 #: Version tag of the (diagnostic) state this policy returns.
 STATE_VERSION = 1
@@ -211,7 +212,9 @@ class SiaPolicy:
     explore_factor: the exploration cap's multiple of the most GPUs a job has held (SPEC §3 uses 2
         for Pollux; :data:`EXPLORE_FACTOR` = 4 by default, measured there).
     mip_rel_gap, time_limit_s: HiGHS options (the gap is tight enough to return the optimum).
-    cache: how many goodput arrays to memoise across rounds (a pure function of their key).
+    cache: how many goodput arrays to memoise across rounds (a pure function of their key), and
+        how many jobs' rows of the configuration table (:mod:`.sia_job_rows`: most jobs are
+        unchanged from one round to the next; the table is the same as without the memo).
 
     ``decide`` returns the allocation and a JSON state of diagnostics (objective, solver status,
     the chosen configuration per job, the jobs whose count fell back at placement); the policy
@@ -239,6 +242,7 @@ class SiaPolicy:
         self.mip_rel_gap = float(mip_rel_gap)
         self.time_limit_s = float(time_limit_s)
         self._cache = GoodputCache(cache)
+        self._rows = RowMemo(cache)
 
     def table(self, jobs: Sequence[JobView], cluster: Cluster,
               free_by_type: np.ndarray) -> ConfigTable:
@@ -246,7 +250,8 @@ class SiaPolicy:
         return build_configs(jobs, cluster, free_by_type, p=self.p, lambda_n=self.lambda_n,
                              restart_penalty_s=self.restart_penalty_s, min_factor=self.min_factor,
                              rigid_fixed=self.rigid_fixed, cache=self._cache,
-                             lambda_a=self.lambda_a_for(cluster), explore_factor=self.explore_factor)
+                             lambda_a=self.lambda_a_for(cluster), explore_factor=self.explore_factor,
+                             memo=self._rows)
 
     def lambda_a_for(self, cluster: Cluster) -> float:
         """λ_a on ``cluster``: the option, or the default for one type or several."""

@@ -29,6 +29,13 @@ Values (the program *minimises* a cost; p < 0 as in Sia):
 
 Jobs without a goodput model yet get one candidate count (1 GPU, or their ``min_replicas``) on every
 type they can run, worth G = 1 — as Pollux gives a new job one GPU (its exploration cap).
+
+Cost (issue 38): a round lists every queued job (~400 at the peak of a 960-job run), and most of them
+are the same as in the previous round. A job's rows are computed from a record of what they depend
+on (:func:`row_inputs`, :func:`job_rows`), so the policy memoises them by that record across rounds
+(:mod:`.sia_job_rows`); what changes every round for every job — its age, in the re-allocation factor
+— is applied to the whole table at once. The table is the same, bit for bit, with the memo or without
+it (``tests/test_sia_config_memo.py``).
 """
 
 from __future__ import annotations
@@ -42,6 +49,7 @@ import numpy as np
 
 from pollux.goodput import BatchLimits, GoodputModel, exploration_cap, optimize
 from pollux.policy.base import Cluster, JobView, restart_factors
+from pollux.policy.sia_job_rows import JobRows, RowInputs, RowMemo, TypeInput, candidate_bound
 
 #: Normalised goodputs below this count as this (bounds every cost for p < 0).
 G_FLOOR = 1e-3
@@ -113,12 +121,12 @@ def current_config(job: JobView, cluster: Cluster, node_index: dict[str, int],
     return types.pop(), gpus, nodes
 
 
-def _job_cap(job: JobView, limits: BatchLimits, factor: int) -> int:
+def _job_cap(inputs: RowInputs, limits: BatchLimits, factor: int) -> int:
     """Pollux's exploration cap with ``factor`` on a type (``limits`` of that type), raised to
     min_replicas."""
-    cap = exploration_cap(job.max_replicas_seen, limits, job.max_replicas, factor)
-    if 0 < job.min_replicas <= job.max_replicas:
-        cap = max(cap, int(job.min_replicas))
+    cap = exploration_cap(inputs.max_replicas_seen, limits, inputs.max_replicas, factor)
+    if 0 < inputs.min_replicas <= inputs.max_replicas:
+        cap = max(cap, inputs.min_replicas)
     return int(cap)
 
 
@@ -145,6 +153,111 @@ class GoodputCache:
         return out
 
 
+def row_inputs(job: JobView, current: tuple[int, int, int] | None, types: tuple[str, ...],
+               free_by_type: Sequence[int], node_size: Sequence[int], *, rigid_fixed: bool,
+               explore_factor: int) -> RowInputs:
+    """What ``job``'s rows of this round's table are computed from (:mod:`.sia_job_rows`).
+
+    Everything :func:`job_rows` reads and nothing more, so that equal inputs mean equal rows: a type
+    the job cannot run on this round is None, and the GPUs it may get on a type are capped at the
+    largest count it could list (:func:`candidate_bound`), so that free GPUs varying above that
+    leave a waiting job's inputs, and its memoised rows, as they were.
+    """
+    lo = max(int(job.min_replicas), 1)
+    fixed = int(job.fixed[0]) if rigid_fixed and job.fixed is not None else None
+    bound = candidate_bound(current, int(job.min_replicas), int(job.max_replicas_seen), fixed,
+                            explore_factor)
+    per_type: list[TypeInput | None] = []
+    for t, name in enumerate(types):
+        upper_hw = min(free_by_type[t], int(job.max_replicas))
+        no_profile = job.type_models is not None and name not in job.type_models
+        if no_profile or upper_hw < lo or node_size[t] <= 0:
+            per_type.append(None)                 # cannot run here this round
+            continue
+        per_type.append(TypeInput(job.model_for(name), job.limits_for(name), min(upper_hw, bound)))
+    return RowInputs(current=current, min_replicas=int(job.min_replicas), max_replicas=int(job.max_replicas),
+                     max_replicas_seen=int(job.max_replicas_seen), fixed=fixed, per_type=tuple(per_type))
+
+
+def job_rows(inputs: RowInputs, node_size: Sequence[int], explore_factor: int,
+             cache: GoodputCache) -> JobRows:
+    """One job's rows of the table, computed from ``inputs`` alone (so they may be memoised by them)."""
+    cur = inputs.current
+    lo = max(inputs.min_replicas, 1)
+    per_type: dict[int, tuple[int, ...]] = {}
+    raw: list[tuple[int, np.ndarray, np.ndarray]] = []      # (type, counts, raw goodput)
+    best1 = 0.0
+    no_model = True
+    for t, given in enumerate(inputs.per_type):
+        if given is None:
+            continue
+        model = given.model
+        limits = given.limits
+        upper_hw = given.upper
+        keep = cur[1] if cur is not None and cur[0] == t else 0
+        if inputs.fixed is not None:
+            cand = np.asarray([inputs.fixed], dtype=np.int64)
+        elif model is None:
+            cand = np.asarray([lo, keep], dtype=np.int64)
+        else:
+            if limits is None:
+                limits = BatchLimits(model.init_batch_size)
+            # Every count up to the job's cap, free GPUs or not: the goodputs of this set are
+            # memoised across rounds (the free GPUs change every round; the model seldom), and
+            # the counts above the free GPUs are dropped after the lookup.
+            cand = np.concatenate([base_counts(node_size[t], _job_cap(inputs, limits, explore_factor)),
+                                   np.asarray([inputs.min_replicas, keep], dtype=np.int64)])
+        cand = np.unique(cand)
+        cand = cand[cand >= lo]
+        fits = cand <= upper_hw
+        if not fits.any():
+            continue
+        if model is None:
+            cand = cand[fits]
+            raw.append((t, cand, cand.astype(np.float64) / float(cand[0])))
+            per_type[t] = tuple(int(c) for c in cand)
+            continue
+        no_model = False
+        if limits is None:
+            limits = BatchLimits(model.init_batch_size)
+        nodes = -(-cand // node_size[t])
+        if cur is not None and cur[0] == t:
+            nodes = np.where(cand == cur[1], cur[2], nodes)
+        # One call per (job, type): the candidates plus the 1-GPU reference of the normaliser.
+        # Each entry is computed on its own (optimize is elementwise), so dropping the counts that
+        # do not fit afterwards gives exactly what computing only the others would.
+        every = cache.goodput(model, limits, np.concatenate([nodes, [1]]), np.concatenate([cand, [1]]))
+        good = np.concatenate([every[:-1][fits], every[-1:]])
+        cand = cand[fits]
+        best1 = max(best1, float(good[-1]))
+        ok = good[:-1] > 0.0
+        if ok.any():
+            raw.append((t, cand[ok], good[:-1][ok]))
+            per_type[t] = tuple(int(c) for c in cand[ok])
+    if not raw:
+        return _NO_ROWS
+    # G = goodput over the best 1-GPU goodput on any type (no model: G = GPUs / fewest GPUs).
+    norm = 1.0
+    if not no_model:
+        norm = best1 if best1 > 0.0 else float(min(r[2].min() for r in raw))
+    changed: list[np.ndarray] = []
+    for t, cand, _ in raw:
+        ch = np.ones(cand.size, dtype=bool)
+        if cur is not None and cur[0] == t:
+            ch &= cand != cur[1]
+        changed.append(ch)
+    return JobRows(gtype=np.concatenate([np.full(r[1].size, r[0], dtype=np.int64) for r in raw]),
+                   count=np.concatenate([r[1] for r in raw]).astype(np.int64),
+                   goodput=np.concatenate([r[2] / norm for r in raw]).astype(np.float64),
+                   changed=np.concatenate(changed), counts=per_type, norm=norm)
+
+
+#: The rows of a job that can run nowhere this round.
+_NO_ROWS = JobRows(gtype=np.zeros(0, dtype=np.int64), count=np.zeros(0, dtype=np.int64),
+                   goodput=np.zeros(0, dtype=np.float64), changed=np.zeros(0, dtype=bool), counts={},
+                   norm=0.0)
+
+
 def build_configs(
     jobs: Sequence[JobView],
     cluster: Cluster,
@@ -158,6 +271,7 @@ def build_configs(
     cache: GoodputCache,
     lambda_a: float = 0.0,
     explore_factor: int = 2,
+    memo: RowMemo | None = None,
 ) -> ConfigTable:
     """The configurations of ``jobs`` (already in priority order, pinned jobs excluded).
 
@@ -166,114 +280,48 @@ def build_configs(
     jobs); otherwise a rigid job is one with ``min_replicas == max_replicas``. ``lambda_a`` is a flat
     cost of changing a running job's configuration (or stopping it), Sia's λ_a. ``explore_factor``
     is the exploration cap's multiple of the most GPUs a job has held (SPEC §3's 2 for Pollux).
+    ``memo`` keeps each job's rows across rounds (:mod:`.sia_job_rows`); the table is the same
+    with it or without it, only cheaper to build when most jobs are unchanged since the last round.
     """
     types = cluster.type_names
     node_type = cluster.type_index()
     node_index = cluster.index()
     gpus = cluster.capacity()
-    node_size = np.zeros(len(types), dtype=np.int64)
-    for t in range(len(types)):
-        sel = gpus[node_type == t]
-        node_size[t] = int(sel.max()) if sel.size else 0
+    node_size = [int(gpus[node_type == t].max(initial=0)) for t in range(len(types))]
+    free = [int(x) for x in free_by_type]
+    if memo is not None:
+        memo.bind((types, tuple(node_size), bool(rigid_fixed), int(explore_factor)))
 
-    job_l: list[np.ndarray] = []
-    type_l: list[np.ndarray] = []
-    count_l: list[np.ndarray] = []
-    good_l: list[np.ndarray] = []
-    changed_l: list[np.ndarray] = []
-    factor_l: list[np.ndarray] = []
-    counts_out: list[dict[int, tuple[int, ...]]] = []
-    norm_a = np.zeros(len(jobs))
-    f_a = np.ones(len(jobs))
-    for j, job in enumerate(jobs):
-        cur = current_config(job, cluster, node_index, node_type)
-        lo = max(int(job.min_replicas), 1)
-        per_type: dict[int, tuple[int, ...]] = {}
-        raw: list[tuple[int, np.ndarray, np.ndarray]] = []      # (type, counts, raw goodput)
-        best1 = 0.0
-        no_model = True
-        for t, name in enumerate(types):
-            if job.type_models is not None and name not in job.type_models:
-                continue                                  # no profile on this type: cannot run here
-            upper_hw = min(int(free_by_type[t]), int(job.max_replicas))
-            if upper_hw < lo or node_size[t] <= 0:
-                continue
-            model = job.model_for(name)
-            limits = job.limits_for(name)
-            keep = cur[1] if cur is not None and cur[0] == t else 0
-            if rigid_fixed and job.fixed is not None:
-                cand = np.asarray([int(job.fixed[0])], dtype=np.int64)
-            elif model is None:
-                cand = np.asarray([lo, keep], dtype=np.int64)
-            else:
-                if limits is None:
-                    limits = BatchLimits(model.init_batch_size)
-                # Every count up to the job's cap, free GPUs or not: the goodputs of this set are
-                # memoised across rounds (the free GPUs change every round; the model seldom), and
-                # the counts above the free GPUs are dropped after the lookup.
-                cand = np.concatenate([base_counts(int(node_size[t]), _job_cap(job, limits, explore_factor)),
-                                       np.asarray([int(job.min_replicas), keep], dtype=np.int64)])
-            cand = np.unique(cand)
-            cand = cand[cand >= lo]
-            fits = cand <= upper_hw
-            if not fits.any():
-                continue
-            if model is None:
-                cand = cand[fits]
-                raw.append((t, cand, cand.astype(np.float64) / float(cand[0])))
-                per_type[t] = tuple(int(c) for c in cand)
-                continue
-            no_model = False
-            if limits is None:
-                limits = BatchLimits(model.init_batch_size)
-            nodes = -(-cand // int(node_size[t]))
-            if cur is not None and cur[0] == t:
-                nodes = np.where(cand == cur[1], cur[2], nodes)
-            # One call per (job, type): the candidates plus the 1-GPU reference of the normaliser.
-            # Each entry is computed on its own (optimize is elementwise), so dropping the counts that
-            # do not fit afterwards gives exactly what computing only the others would.
-            every = cache.goodput(model, limits, np.concatenate([nodes, [1]]), np.concatenate([cand, [1]]))
-            good = np.concatenate([every[:-1][fits], every[-1:]])
-            cand = cand[fits]
-            best1 = max(best1, float(good[-1]))
-            ok = good[:-1] > 0.0
-            if ok.any():
-                raw.append((t, cand[ok], good[:-1][ok]))
-                per_type[t] = tuple(int(c) for c in cand[ok])
-        if not raw:
-            counts_out.append(per_type)
-            continue
-        # G = goodput over the best 1-GPU goodput on any type (no model: G = GPUs / fewest GPUs).
-        norm = 1.0
-        if not no_model:
-            norm = best1 if best1 > 0.0 else float(min(r[2].min() for r in raw))
-        f = max(restart_factor(job, restart_penalty_s), min_factor)
-        norm_a[j] = norm
-        f_a[j] = f
-        for t, cand, good in raw:
-            job_l.append(np.full(cand.size, j, dtype=np.int64))
-            type_l.append(np.full(cand.size, t, dtype=np.int64))
-            count_l.append(cand)
-            good_l.append(good / norm)
-            ch = np.ones(cand.size, dtype=bool)
-            if cur is not None and cur[0] == t:
-                ch &= cand != cur[1]
-            changed_l.append(ch)
-            factor_l.append(np.where(ch, f, 1.0))
-        counts_out.append(per_type)
+    currents = [current_config(job, cluster, node_index, node_type) for job in jobs]
+    rows: list[JobRows] = []
+    for job, cur in zip(jobs, currents, strict=True):
+        inputs = row_inputs(job, cur, types, free, node_size, rigid_fixed=rigid_fixed,
+                            explore_factor=explore_factor)
+        found = memo.get(job.id, inputs) if memo is not None else None
+        if found is None:
+            found = job_rows(inputs, node_size, explore_factor, cache)
+            if memo is not None:
+                memo.put(job.id, inputs, found)
+        rows.append(found)
+
+    sizes = np.fromiter((r.size for r in rows), dtype=np.int64, count=len(rows))
+    listed = sizes > 0
+    # Where a job has rows: its normaliser, and its re-allocation factor (floored) on the changed ones.
+    norm_a = np.fromiter((r.norm for r in rows), dtype=np.float64, count=len(rows))
+    f_all = np.maximum(restart_factors(jobs, restart_penalty_s), min_factor)
+    f_a = np.where(listed, f_all, 1.0)
+    job_a = np.repeat(np.arange(len(jobs), dtype=np.int64), sizes)
 
     def cat(parts: list[np.ndarray], dtype: type) -> np.ndarray:
         return np.concatenate(parts).astype(dtype) if parts else np.zeros(0, dtype=dtype)
 
-    job_a = cat(job_l, np.int64)
-    good_a = cat(good_l, np.float64)
-    factor_a = cat(factor_l, np.float64)
-    running = np.array([current_config(job, cluster, node_index, node_type) is not None for job in jobs],
-                       dtype=bool)
-    changed_a = cat(changed_l, bool)
+    type_a = cat([r.gtype for r in rows], np.int64)
+    count_a = cat([r.count for r in rows], np.int64)
+    good_a = cat([r.goodput for r in rows], np.float64)
+    changed_a = cat([r.changed for r in rows], bool)
+    factor_a = np.where(changed_a, f_a[job_a], 1.0)
+    running = np.array([cur is not None for cur in currents], dtype=bool)
     cost = config_cost(good_a, factor_a, changed_a & running[job_a], p, lambda_a)
-    type_a = cat(type_l, np.int64)
-    count_a = cat(count_l, np.int64)
     idle = np.zeros(len(jobs))
     if job_a.size:
         # The cheapest sensible configuration of a job on a type is its fewest GPUs there (entries
@@ -289,7 +337,7 @@ def build_configs(
     return ConfigTable(
         job_ids=tuple(job.id for job in jobs), types=types, job=job_a, gtype=type_a, count=count_a,
         goodput=good_a, changed=changed_a, cost=cost,
-        idle_cost=idle, counts=tuple(counts_out), norm=norm_a, factor=f_a, running=running,
+        idle_cost=idle, counts=tuple(r.counts for r in rows), norm=norm_a, factor=f_a, running=running,
     )
 
 
