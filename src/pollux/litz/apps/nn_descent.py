@@ -15,7 +15,10 @@ The functions here work on one *block* of points [lo, hi), the unit a Litz execu
   old, or waiting), which the owner publishes for everyone;
 - `local_join`: from the published graph, the proposals the block's neighbourhoods produce, with
   the owner of each proposal's target (and optionally the d_max broadcast to drop hopeless ones);
-- `merge`: the owner's side, the new lists from the old ones and every proposal it received.
+- `merge` (in `nn_descent_merge`): the owner's side, the new lists from the old ones and every
+  proposal it received.
+
+The records and the distance they all share are in `nn_descent_lists`.
 
 **Determinism.** Every random choice comes from keys drawn for *all* points from a generator seeded
 by (seed, purpose, iteration), so a block's choices do not depend on how the points are cut into
@@ -32,85 +35,30 @@ Euclidean distance of unit vectors, so the caller normalises the points for it.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import itertools
 
 import numpy as np
+
+from pollux.litz.apps.nn_descent_lists import BlockLists, Proposals, rank_in_groups, sort_rows, sq_distances
+from pollux.litz.apps.nn_descent_merge import merge
+
+__all__ = ["OLD", "SAMPLED", "WAITING", "BlockLists", "Proposals", "block_bounds", "initial_lists",
+           "local_join", "merge", "nn_descent", "split_by_owner", "sq_distances", "take_sample"]
 
 #: Published kind of a list entry: not used in the coming join (new, not sampled), new and sampled,
 #: or old (already used once: it pairs only with new entries).
 WAITING, SAMPLED, OLD = 0, 1, 2
 #: Random-key purposes, so that one iteration's draws do not repeat another's.
 _INIT, _FORWARD, _REVERSE = 0, 1, 2
-#: Pairs per chunk of a distance computation (keeps its temporaries in cache; not its result).
-_DISTANCE_CHUNK = 1 << 16
-
-
-@dataclass
-class BlockLists:
-    """The kNN lists of the points [lo, hi): neighbour ids, squared distances (rows sorted by
-    (distance, id)) and whether each entry is new (not yet used in a join)."""
-
-    lo: int
-    idx: np.ndarray  # (m, k) int64
-    sq: np.ndarray  # (m, k) float64
-    new: np.ndarray  # (m, k) bool
-
-
-@dataclass
-class Proposals:
-    """Proposals (x, y, d): y for x's list at squared distance d."""
-
-    x: np.ndarray  # int64, global ids of the targets
-    y: np.ndarray  # int64
-    d: np.ndarray  # float64
-
-    @staticmethod
-    def empty() -> Proposals:
-        return Proposals(np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0))
-
-    @staticmethod
-    def concat(parts: list[Proposals]) -> Proposals:
-        if not parts:
-            return Proposals.empty()
-        return Proposals(
-            np.concatenate([p.x for p in parts]),
-            np.concatenate([p.y for p in parts]),
-            np.concatenate([p.d for p in parts]),
-        )
-
-    def __len__(self) -> int:
-        return int(self.x.shape[0])
-
-    def nbytes(self) -> int:
-        return int(self.x.nbytes + self.y.nbytes + self.d.nbytes)
+#: Pairs (padding included) per block of neighbourhoods in the local join (`_join_pairs`).
+_JOIN_BLOCK = 1 << 18
+#: Padded over real distances a block of neighbourhoods of unlike sizes may compute (`_join_blocks`).
+_JOIN_PADDING = 1.25
 
 
 def block_bounds(n: int, blocks: int) -> np.ndarray:
     """Start of each of `blocks` contiguous, near-equal blocks of n points, then n."""
     return (np.arange(blocks + 1, dtype=np.int64) * n) // blocks
-
-
-def sq_distances(columns: np.ndarray, a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """Squared Euclidean distances between points a[i] and b[i]; `columns` is the point matrix
-    transposed (dim × n, one contiguous row per dimension: gathering one coordinate of many points is
-    numpy's fastest gather, 2-3× faster per pair than gathering whole rows). Summed one dimension at
-    a time, in order, so that a pair gives the same bits in any call and in either order."""
-    out = np.zeros(a.shape[0])
-    for start in range(0, a.shape[0], _DISTANCE_CHUNK):
-        stop = start + _DISTANCE_CHUNK
-        part = out[start:stop]
-        left, right = a[start:stop], b[start:stop]
-        for column in columns:
-            diff = column[left] - column[right]
-            diff *= diff
-            part += diff
-    return out
-
-
-def _sort_rows(idx: np.ndarray, sq: np.ndarray, *more: np.ndarray) -> tuple[np.ndarray, ...]:
-    """Rows sorted by (distance, id); `more` arrays follow the same permutation."""
-    order = np.lexsort((idx, sq), axis=-1)
-    return tuple(np.take_along_axis(arr, order, axis=1) for arr in (idx, sq, *more))
 
 
 def initial_lists(columns: np.ndarray, lo: int, hi: int, k: int, seed: int) -> BlockLists:
@@ -134,7 +82,7 @@ def initial_lists(columns: np.ndarray, lo: int, hi: int, k: int, seed: int) -> B
         idx[row] = others + (others >= point)
     rows = np.repeat(np.arange(lo, hi), k)
     sq = sq_distances(columns, rows, idx.ravel()).reshape(idx.shape)
-    idx, sq = _sort_rows(idx, sq)
+    idx, sq = sort_rows(idx, sq)
     return BlockLists(lo, idx, sq, np.ones(idx.shape, dtype=bool))
 
 
@@ -176,7 +124,7 @@ def _first_by_rank(owner: np.ndarray, rank: np.ndarray, ranks: int, limit: int) 
     with no tie whose order could depend on the block."""
     packed = np.sort(owner.astype(np.int64) * ranks + rank)
     owner = packed // ranks
-    keep = _rank_in_groups(owner) < limit
+    keep = rank_in_groups(owner) < limit
     return owner[keep], packed[keep] % ranks
 
 
@@ -194,35 +142,142 @@ def _sorted_unique(values: np.ndarray) -> np.ndarray:
     return ordered[np.r_[True, ordered[1:] != ordered[:-1]]]
 
 
-def _rank_in_groups(sorted_groups: np.ndarray) -> np.ndarray:
-    """Position of each element within its run of equal values (input sorted)."""
-    if sorted_groups.size == 0:
-        return np.zeros(0, np.int64)
-    starts = np.flatnonzero(np.r_[True, sorted_groups[1:] != sorted_groups[:-1]])
-    lengths = np.diff(np.r_[starts, sorted_groups.size])
-    return np.arange(sorted_groups.size) - np.repeat(starts, lengths)
-
-
-def _pairs_within(owner: np.ndarray, value: np.ndarray, m: int) -> tuple[np.ndarray, np.ndarray]:
-    """Every pair (value[i], value[j]), i < j, of entries with the same owner (input sorted by owner)."""
+def _slots(owner: np.ndarray, value: np.ndarray, m: int) -> tuple[np.ndarray, np.ndarray]:
+    """Entries sorted by owner as a table: row u holds owner u's values, left-aligned (padded with 0),
+    in their order; and the number of values of each row."""
     counts = np.bincount(owner, minlength=m)
-    rank = _rank_in_groups(owner)
-    reps = counts[owner] - rank - 1  # partners after entry i in its group
-    first = np.repeat(np.arange(owner.size), reps)
-    offset = np.arange(first.size) - np.repeat(np.cumsum(reps) - reps, reps)
-    return value[first], value[first + 1 + offset]
+    table = np.zeros((m, int(counts.max(initial=0))), np.int64)
+    table[owner, rank_in_groups(owner)] = value
+    return table, counts
 
 
-def _pairs_across(owner_a: np.ndarray, value_a: np.ndarray, owner_b: np.ndarray, value_b: np.ndarray,
-                  m: int) -> tuple[np.ndarray, np.ndarray]:
-    """Every pair (a, b) of an entry of the first list and one of the second with the same owner
-    (both sorted by owner)."""
-    counts_b = np.bincount(owner_b, minlength=m)
-    starts_b = np.cumsum(counts_b) - counts_b
-    reps = counts_b[owner_a]
-    first = np.repeat(np.arange(owner_a.size), reps)
-    offset = np.arange(first.size) - np.repeat(np.cumsum(reps) - reps, reps)
-    return value_a[first], value_b[np.repeat(starts_b[owner_a], reps) + offset]
+def _cells(width_new: int, width_old: int) -> int:
+    """Distances `_join_block` computes per neighbourhood for these widths (pairs and padding)."""
+    return width_new * (width_new // 2 + width_old)
+
+
+def _join_blocks(new_count: np.ndarray, old_count: np.ndarray) -> list[tuple[int, int]]:
+    """Blocks (start, stop) of neighbourhoods sorted by (new, old) member counts. Runs of equal
+    counts are merged while padding every neighbourhood to the run's widest costs at most
+    `_JOIN_PADDING` times the real work (a Python loop over at most (2·sample + 1) × (k + sample + 1)
+    runs: a block has a fixed cost of some 50 numpy calls, so tiny runs are better merged); then
+    each merged run is cut into blocks of about `_JOIN_BLOCK` distances."""
+    edges = np.flatnonzero((new_count[1:] != new_count[:-1]) | (old_count[1:] != old_count[:-1])) + 1
+    edges = np.r_[0, edges, new_count.size].tolist()
+    runs: list[tuple[int, int, int, int]] = []  # start, stop, widths
+    real = 0
+    for start, stop in itertools.pairwise(edges):
+        news, olds = int(new_count[start]), int(old_count[start])
+        work = _cells(news, olds) * (stop - start)
+        if runs:
+            first, _, width_new, width_old = runs[-1]
+            wider = (max(width_new, news), max(width_old, olds))
+            if _cells(*wider) * (stop - first) <= _JOIN_PADDING * (real + work):
+                runs[-1] = (first, stop, *wider)
+                real += work
+                continue
+        runs.append((start, stop, news, olds))
+        real = work
+    blocks: list[tuple[int, int]] = []
+    for start, stop, width_new, width_old in runs:
+        step = max(1, _JOIN_BLOCK // _cells(width_new, width_old))
+        blocks.extend((lo, min(lo + step, stop)) for lo in range(start, stop, step))
+    return blocks
+
+
+def _join_pairs(columns: np.ndarray, new_o: np.ndarray, new_v: np.ndarray, old_o: np.ndarray,
+                old_v: np.ndarray, m: int, dmax: np.ndarray | None) -> tuple[Proposals, int]:
+    """The proposals of the pairs new × new (each once) and new × old of every neighbourhood, and
+    how many pairs there were (pairs of a point with itself left out).
+
+    Gathering both ends' coordinates for every pair is what costs (a random read per pair and
+    dimension); here each neighbourhood's members are gathered once into a small dense table, and
+    all its pairs' distances come from broadcasting a row of new members against the row of all
+    members. Neighbourhoods of like sizes are taken together in blocks of about `_JOIN_BLOCK` pairs
+    (sorted by size, so that padding a block to its widest neighbourhood costs little:
+    `_join_blocks`). A distance is summed one dimension at a time, in order, as
+    `sq_distances` sums it: the same bits. The proposals come out grouped by block, not in pair
+    order; `merge` depends only on their set."""
+    new_ids, new_count = _slots(new_o, new_v, m)
+    old_ids, old_count = _slots(old_o, old_v, m)
+    order = np.lexsort((old_count, new_count))
+    order = order[new_count[order] > 0]
+    if order.size == 0:
+        return Proposals.empty(), 0
+    parts: list[Proposals] = []
+    tried = 0
+    for start, stop in _join_blocks(new_count[order], old_count[order]):
+        rows = order[start:stop]
+        found, pairs = _join_block(columns, new_ids[rows], new_count[rows], old_ids[rows], old_count[rows],
+                                   dmax)
+        parts.extend(found)
+        tried += pairs
+    return Proposals.concat(parts), tried
+
+
+def _partner_slots(width_new: int, width_old: int) -> tuple[np.ndarray, np.ndarray]:
+    """The pairs of a neighbourhood's slots as a table (partner set × new slot i): first the
+    new × new pairs, i with new slot (i + h) mod width_new for the shifts h = 1 … width_new // 2
+    (every unordered pair exactly once: for an even width the last shift meets each pair twice,
+    so only its first half counts), then i with old slot j. Returns the partner slot of each cell
+    and whether the cell is a pair of its own (not such a second meeting)."""
+    half = width_new // 2
+    slot = np.arange(width_new)
+    shifted = (slot[None, :] + np.arange(1, half + 1)[:, None]) % width_new
+    old = np.broadcast_to(width_new + np.arange(width_old)[:, None], (width_old, width_new))
+    own = np.ones((half + width_old, width_new), dtype=bool)
+    if width_new % 2 == 0 and half > 0:
+        own[half - 1, half:] = False
+    return np.concatenate([shifted, old]), own
+
+
+def _join_block(columns: np.ndarray, new_ids: np.ndarray, new_count: np.ndarray, old_ids: np.ndarray,
+                old_count: np.ndarray, dmax: np.ndarray | None) -> tuple[list[Proposals], int]:
+    """One block of `_join_pairs`: neighbourhoods with their new and old members as slot tables
+    (a row each). The pairs of a neighbourhood are those of `_partner_slots`; both directions are
+    proposed where the distance is within the target's d_max. The tables are transposed (slot ×
+    neighbourhood) so that numpy's inner loops run along the block's many neighbourhoods, not along a
+    handful of slots; the new × new partners are a strided view of the new slots repeated twice, no
+    copy."""
+    width_new = int(new_count.max())
+    width_old = int(old_count.max(initial=0))
+    half = width_new // 2
+    members = np.concatenate([new_ids[:, :width_new], old_ids[:, :width_old]], axis=1).T.copy()
+    partner, own = _partner_slots(width_new, width_old)
+    sq = np.zeros((half + width_old, width_new, members.shape[1]))
+    diff = np.empty_like(sq)
+    coords = np.empty(members.shape)
+    twice = np.empty((2 * width_new, members.shape[1]))
+    news = coords[:width_new]
+    window = np.lib.stride_tricks.sliding_window_view(twice[1:], width_new, axis=0)[:half].transpose(0, 2, 1)
+    for column in columns:
+        np.take(column, members, out=coords)
+        twice[:width_new] = news
+        twice[width_new:] = news
+        np.subtract(news[None], window, out=diff[:half])
+        np.subtract(news[None], coords[width_new:, None, :], out=diff[half:])
+        np.multiply(diff, diff, out=diff)
+        np.add(sq, diff, out=sq)
+    is_member = np.concatenate([np.arange(width_new)[:, None] < new_count[None, :],
+                                np.arange(width_old)[:, None] < old_count[None, :]])
+    first = np.broadcast_to(members[None, :width_new, :], sq.shape).ravel()  # a copy: contiguous
+    second = members[partner]
+    pair = (first.reshape(sq.shape) != second) & is_member[None, :width_new, :] & is_member[partner]
+    pair &= own[:, :, None]
+    if dmax is None:
+        to_first = to_second = pair
+    else:
+        reach = dmax[members]
+        to_first = pair & (sq <= reach[None, :width_new, :])
+        to_second = pair & (sq <= reach[partner])
+    # positions, then `take`: several times faster than indexing with a multi-dimensional mask
+    at_first = np.flatnonzero(to_first)
+    at_second = at_first if dmax is None else np.flatnonzero(to_second)
+    second = second.ravel()
+    dist = sq.ravel()
+    proposals = [Proposals(first.take(at_first), second.take(at_first), dist.take(at_first)),
+                 Proposals(second.take(at_second), first.take(at_second), dist.take(at_second))]
+    return proposals, int(np.count_nonzero(pair))
 
 
 def local_join(
@@ -248,42 +303,28 @@ def local_join(
     """
     n, k = graph.shape
     m = hi - lo
-    fwd = kinds[lo:hi]
-    nbr = graph[lo:hi]
-    into_block = (graph >= lo) & (graph < hi) & (kinds != WAITING)
-    src, col = np.nonzero(into_block)
-    target = graph[src, col] - lo
-    rev_kind = kinds[src, col]
+    fwd = kinds[lo:hi].ravel()
+    nbr = graph[lo:hi].ravel()
+    into_block = np.flatnonzero((graph >= lo) & (graph < hi) & (kinds != WAITING))  # flat entry ids
+    target = graph.ravel().take(into_block) - lo
+    rev_kind = kinds.ravel().take(into_block)
     rank_of, entry_of = _ranks(n, k, seed, _REVERSE, iteration)
-    rev_rank = rank_of[src * k + col]
+    rev_rank = rank_of.take(into_block)
     new_owner: list[np.ndarray] = []
     new_value: list[np.ndarray] = []
     old_owner: list[np.ndarray] = []
     old_value: list[np.ndarray] = []
     for kind, owners, values in ((SAMPLED, new_owner, new_value), (OLD, old_owner, old_value)):
-        r, c = np.nonzero(fwd == kind)
-        owners.append(r)
-        values.append(nbr[r, c])
+        entries = np.flatnonzero(fwd == kind)
+        owners.append(entries // k)
+        values.append(nbr.take(entries))
         pick = rev_kind == kind
-        o, rank = _first_by_rank(target[pick], rev_rank[pick], n * k, sample)
+        o, rank = _first_by_rank(target.compress(pick), rev_rank.compress(pick), n * k, sample)
         owners.append(o)
         values.append(entry_of[rank] // k)  # the reverse neighbour: the entry's list owner
     new_o, new_v = _unique_pairs(np.concatenate(new_owner), np.concatenate(new_value), n)
     old_o, old_v = _unique_pairs(np.concatenate(old_owner), np.concatenate(old_value), n)
-    within_a, within_b = _pairs_within(new_o, new_v, m)
-    across_a, across_b = _pairs_across(new_o, new_v, old_o, old_v, m)
-    a = np.concatenate([within_a, across_a])
-    b = np.concatenate([within_b, across_b])
-    differ = a != b  # a point both new and old in a neighbourhood (forward one way, reverse the other)
-    a, b = a[differ], b[differ]
-    d = sq_distances(columns, a, b)
-    if dmax is None:
-        return Proposals(np.concatenate([a, b]), np.concatenate([b, a]), np.concatenate([d, d])), int(a.size)
-    to_a = d <= dmax[a]
-    to_b = d <= dmax[b]
-    proposals = Proposals(np.concatenate([a[to_a], b[to_b]]), np.concatenate([b[to_a], a[to_b]]),
-                          np.concatenate([d[to_a], d[to_b]]))
-    return proposals, int(a.size)
+    return _join_pairs(columns, new_o, new_v, old_o, old_v, m, dmax)
 
 
 def split_by_owner(proposals: Proposals, bounds: np.ndarray) -> dict[int, Proposals]:
@@ -301,56 +342,6 @@ def split_by_owner(proposals: Proposals, bounds: np.ndarray) -> dict[int, Propos
         sel = order[ends[block] - counts[block] : ends[block]]
         out[int(block)] = Proposals(proposals.x[sel], proposals.y[sel], proposals.d[sel])
     return out
-
-
-def merge(lists: BlockLists, proposals: Proposals, columns: np.ndarray) -> int:
-    """Apply every proposal for the block: each list becomes the k best of its entries and the
-    proposals it got, by distance, without repeats; entries that come in are new. A proposal is
-    accepted only if it is not farther than d_max(x) (the owner's rule). Returns the number of
-    entries that changed. The result depends only on the *set* of proposals, not on their order.
-
-    Sorting tens of millions of proposals by (target, distance, id) with a lexsort costs seconds, so
-    the selection uses only sorts of packed integers: repeats go by one sort of (target, id)
-    (distances are recomputed for the proposals left: the same bits as the proposer's), then the k-th
-    smallest distance of each list is found on distances quantised relative to its d_max (2^-40),
-    and only the entries tied with it at that resolution are ordered exactly, by (distance, id).
-    """
-    m, k = lists.idx.shape
-    n = columns.shape[1]
-    xl = proposals.x - lists.lo
-    accept = proposals.d <= lists.sq[xl, -1]
-    if not accept.any():
-        return 0
-    rows = np.repeat(np.arange(m, dtype=np.int64), k)
-    current = rows * n + lists.idx.ravel()
-    entries = _sorted_unique(np.concatenate([current, xl[accept] * n + proposals.y[accept]]))
-    owner, ident = entries // n, entries % n
-    order = np.argsort(current)
-    at = np.minimum(np.searchsorted(current[order], entries), current.size - 1)
-    was_there = current[order][at] == entries
-    was_new = lists.new.ravel()[order][at] & was_there
-    dist = lists.sq.ravel()[order][at]
-    came = np.flatnonzero(~was_there)
-    dist[came] = sq_distances(columns, owner[came] + lists.lo, ident[came])
-    dmax = lists.sq[:, -1]
-    scale = np.where(dmax > 0, float(1 << 40) / (dmax * (1.0 + 1e-6) + 1e-300), 0.0)
-    quant = np.minimum(dist * scale[owner], float((1 << 40) - 1)).astype(np.int64)
-    ordered = np.sort(owner * (1 << 40) + quant)
-    counts = np.bincount(owner, minlength=m)
-    kth = ordered[np.cumsum(counts) - counts + k - 1] & ((1 << 40) - 1)
-    below = quant < kth[owner]
-    tied = np.flatnonzero(quant == kth[owner])
-    room = k - np.bincount(owner[below], minlength=m)
-    tie_order = tied[np.lexsort((ident[tied], dist[tied], owner[tied]))]
-    chosen = below.copy()
-    chosen[tie_order[_rank_in_groups(owner[tie_order]) < room[owner[tie_order]]]] = True
-    new_idx = ident[chosen].reshape(m, k)  # `entries` is sorted by owner: k chosen per row, in order
-    new_sq = dist[chosen].reshape(m, k)
-    came_in = ~was_there[chosen].reshape(m, k)
-    stayed_new = was_new[chosen].reshape(m, k)
-    lists.idx, lists.sq, came_in, stayed_new = _sort_rows(new_idx, new_sq, came_in, stayed_new)
-    lists.new = came_in | stayed_new
-    return int(came_in.sum())
 
 
 def nn_descent(points: np.ndarray, k: int, sample: int, seed: int, max_iterations: int,
