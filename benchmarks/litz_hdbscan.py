@@ -13,7 +13,8 @@ unit Gaussian clusters of 80 points on average, i.e. n / 100 clusters, plus 20 %
   index of the two labelings (`sklearn.metrics.fowlkes_mallows_score`, noise as one label, as a
   clustering library compares labels; the stricter variant with each noise point alone is given
   too) and the cluster counts. Targets: FM ≥ 0.90 in every dimension, counts within 2 % of exact.
-  A sensitivity repeats the approximation with a denser graph (k = 20, min_samples still 10).
+  Two sensitivities repeat the approximation: with a denser graph (k = 20, min_samples still 10),
+  and without the links between clusters (`link_hops` 0: the thesis's plain kNN tree).
 - **speed**: thesis Fig. 4.10's setting (10 clusters, dimension 10, here also 20 % noise), sizes
   2^13, 2^14, …; exact HDBSCAN up to the largest size it finishes within `--max-exact-s` (10 min; a
   run predicted, quadratically from the one before, to take longer is not started), the app (one
@@ -52,6 +53,10 @@ MIN_CLUSTER_SIZE = 5
 MIN_SAMPLES = 10
 NOISE = 0.2
 POINTS_PER_CLUSTER = 100  # 80 in clusters + 20 noise, as Table 4.2's 100,000 points in 1,000 clusters
+#: The fm part's runs of the app: (name, k, link_hops; None: the app's default). "default" is the
+#: headline; the others are sensitivities: a denser graph, and the thesis's plain kNN tree.
+SENSITIVITIES: tuple[tuple[str, int, int | None], ...] = (("default", 10, None), ("k20", 20, None),
+                                                          ("no_links", 10, 0))
 
 
 def exact_hdbscan(points: np.ndarray) -> np.ndarray:
@@ -93,9 +98,11 @@ def fm_part(dims: list[int], points: int, seed: int, say: Any) -> dict[str, Any]
         exact = exact_hdbscan(data.points)
         exact_s = time.perf_counter() - t0
         row: dict[str, Any] = {"exact_s": round(exact_s, 2), "clusters_exact": int(exact.max() + 1)}
-        for name, k in (("default", 10), ("k20", 20)):
+        for name, k, link_hops in SENSITIVITIES:
             config = {"n": points, "dim": dim, "clusters": clusters, "noise": NOISE, "seed": seed, "k": k,
                       "min_samples": MIN_SAMPLES, "min_cluster_size": MIN_CLUSTER_SIZE}
+            if link_hops is not None:
+                config["link_hops"] = link_hops
             final, wall = approximate(config)
             labels = final["labels"]
             count = int(final["clusters"])
@@ -108,8 +115,10 @@ def fm_part(dims: list[int], points: int, seed: int, say: Any) -> dict[str, Any]
                                           4),
                 "approx_s": round(wall, 2),
                 "iterations": int(final["iterations"]),
+                "links": int(final["links"]),
             }
-        say(f"fm dim {dim}: FM {row['default']['fm_index']:.3f} (k20 {row['k20']['fm_index']:.3f}), clusters "
+        say(f"fm dim {dim}: FM {row['default']['fm_index']:.3f} (k20 {row['k20']['fm_index']:.3f}, no links "
+            f"{row['no_links']['fm_index']:.3f}), clusters "
             f"{row['default']['clusters']} vs exact {row['clusters_exact']}, exact {exact_s:.1f}s, "
             f"approx {row['default']['approx_s']:.1f}s")
         rows[str(dim)] = row

@@ -26,6 +26,7 @@ def test_quick_run_reports_every_part():
         counts = rep["clusters"][dim]
         assert counts["exact"] >= 1 and counts["approx"] >= 1
         assert 0.0 <= rep["fm"][dim]["k20"]["fm_index"] <= 1.0
+        assert rep["fm"][dim]["no_links"]["links"] == 0 <= rep["fm"][dim]["default"]["links"]
     speed = rep["speed"]
     assert len(speed["runs"]) >= 3 and all(r["approx_s"] > 0 for r in speed["runs"])
     assert speed["largest_exact_n"] in [r["n"] for r in speed["runs"]]

@@ -131,6 +131,7 @@ def test_cosine_metric_agrees_with_exact():
         ({"sample_rate": 0}, "'sample_rate' must be in (0, 1]"),
         ({"metric": "manhattan"}, "'metric': unknown 'manhattan'"),
         ({"max_iterations": 0}, "'max_iterations' must be >= 1"),
+        ({"link_hops": -1}, "'link_hops' must be >= 0"),
     ],
 )
 def test_bad_config_names_the_key(config, needle):

@@ -40,7 +40,7 @@ LDA_KEYS: dict[str, Any] = {
 HDBSCAN_KEYS: dict[str, Any] = {
     "data": str, "n": 10000, "dim": 10, "clusters": 100, "noise": 0.2, "seed": 0, "k": 10,
     "min_samples": int, "min_cluster_size": 5, "sample_rate": 0.5, "delta": 0.001, "max_iterations": 30,
-    "broadcast": True, "metric": "euclidean",
+    "broadcast": True, "metric": "euclidean", "link_hops": 2,
 }
 #: The bundled applications and their key tables.
 BUNDLED: dict[str, dict[str, Any]] = {"mlr": MLR_KEYS, "lda": LDA_KEYS, "hdbscan": HDBSCAN_KEYS}

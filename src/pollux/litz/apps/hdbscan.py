@@ -35,7 +35,8 @@ an unresized one, label for label).
 **Clustering.** When NN-Descent stops, the driver reads the graph from the PS, recomputes its
 distances from the points (exact, whatever rounding additive PS updates may add) and runs
 `hdbscan_tree.cluster_knn_graph`: core distances, the MST of mutual reachability on the kNN edges
-(Kruskal on one machine; components joined as that module says), the condensed tree with
+(Kruskal on one machine; components joined as that module says; by default built again with a link
+from each leaf cluster to its surroundings, `hdbscan_links`), the condensed tree with
 `min_cluster_size`, excess-of-mass selection, labels (-1 noise). The run's result has the labels
 (`labels`, a numpy array), the cluster count, the noise fraction and the time of each phase.
 
@@ -43,7 +44,8 @@ Config keys (defaults): data (None: a generated set; else a .npy or .csv file); 
 (10), clusters (100), noise (0.2) — the generated set; seed (0); k (10, neighbours per list);
 min_samples (None: k; scikit-learn's meaning, the point itself counted, so at most k + 1);
 min_cluster_size (5); sample_rate (0.5: ρ, new neighbours per point and join, times k);
-delta (0.001); max_iterations (30); broadcast (True); metric ("euclidean" | "cosine").
+delta (0.001); max_iterations (30); broadcast (True); metric ("euclidean" | "cosine"); link_hops (2:
+how far a leaf cluster looks for its link to the others, `hdbscan_tree`; 0: the plain kNN tree).
 """
 
 from __future__ import annotations
@@ -60,7 +62,7 @@ import numpy as np
 from pollux.litz.api import Application, Driver, DriverContext, Executor, TableSpec, TaskContext, TaskResult
 from pollux.litz.apps import nn_descent as nnd
 from pollux.litz.apps.hdbscan_data import PointSet, gaussian_clusters, load_points
-from pollux.litz.apps.hdbscan_tree import cluster_knn_graph
+from pollux.litz.apps.hdbscan_tree import DEFAULT_LINK_HOPS, cluster_knn_graph
 
 METRICS = ("euclidean", "cosine")
 
@@ -83,6 +85,7 @@ class HDBSCANConfig:
     max_iterations: int
     broadcast: bool
     metric: str
+    link_hops: int
 
     @property
     def sample(self) -> int:
@@ -114,6 +117,9 @@ class HDBSCANConfig:
         metric = str(config.get("metric", "euclidean"))
         if metric not in METRICS:
             raise ValueError(f"hdbscan config 'metric': unknown {metric!r} (known: {', '.join(METRICS)})")
+        link_hops = int(config.get("link_hops", DEFAULT_LINK_HOPS))
+        if link_hops < 0:
+            raise ValueError(f"hdbscan config 'link_hops' must be >= 0, got {link_hops}")
         data = config.get("data")
         return cls(
             data=None if data is None else str(data),
@@ -130,6 +136,7 @@ class HDBSCANConfig:
             max_iterations=iterations,
             broadcast=bool(config.get("broadcast", True)),
             metric=metric,
+            link_hops=link_hops,
         )
 
 
@@ -153,6 +160,16 @@ class Prepared:
     def distance(self, metric: str, a: np.ndarray, b: np.ndarray) -> np.ndarray:
         """Distances in the metric between points a[i] and b[i]."""
         sq = nnd.sq_distances(self.columns, a, b)
+        return np.sqrt(sq) if metric == "euclidean" else 0.5 * sq
+
+    def block_distance(self, metric: str, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+        """The matrix of distances in the metric between points a[i] and b[j], by one matrix product
+        (|x|² + |y|² − 2 x·y): other rounding than `distance`, so it only chooses among pairs (the
+        links between clusters, `hdbscan_links`), it gives no weight."""
+        left, right = self.points[a], self.points[b]
+        sq = (left * left).sum(axis=1)[:, None] + (right * right).sum(axis=1)[None, :]
+        sq -= 2.0 * (left @ right.T)
+        np.maximum(sq, 0.0, out=sq)
         return np.sqrt(sq) if metric == "euclidean" else 0.5 * sq
 
 
@@ -375,7 +392,8 @@ class HDBSCANDriver(Driver):
         rows = np.repeat(np.arange(data.n), cfg.k)
         dist = data.distance(cfg.metric, rows, idx.ravel()).reshape(idx.shape)
         clustering = cluster_knn_graph(idx, dist, data.points, cfg.min_samples, cfg.min_cluster_size,
-                                       functools.partial(data.distance, cfg.metric))
+                                       functools.partial(data.distance, cfg.metric), cfg.link_hops,
+                                       functools.partial(data.block_distance, cfg.metric))
         t_end = time.perf_counter()
         self.finished = True
         ctx.finish({
@@ -385,6 +403,7 @@ class HDBSCANDriver(Driver):
             "clusters": clustering.num_clusters,
             "noise_fraction": clustering.noise_fraction,
             "graph_components": clustering.components,
+            "links": clustering.links,
             "nn_descent_s": t_graph - self.t_start,
             "hdbscan_s": t_end - t_graph,
             "pairs_tried": self.tried,

@@ -12,6 +12,9 @@ that matter, those inside clusters, join near neighbours. What follows from the 
    they are joined by the MST of the complete mutual-reachability graph of one representative per
    component (its point of smallest core distance), at most `MAX_JOIN_COMPONENTS` of them; beyond
    that, components are chained at a distance above every edge (they split at the root).
+   The kNN graph lacks exact HDBSCAN's long edges between dense regions; by default
+   (`link_hops`) each leaf cluster of a first hierarchy gets its lightest edge to the points the
+   graph reaches around it (`hdbscan_links`), and the tree is built again with those links.
 2. `single_linkage`: Kruskal's merges in order of weight (union-find): the dendrogram.
 3. `condense`: top-down, with λ = 1 / distance. A split where both sides have at least
    `min_cluster_size` points starts two clusters; a side smaller than that leaves its cluster as
@@ -33,9 +36,13 @@ import numpy as np
 from scipy.sparse import coo_matrix
 from scipy.sparse.csgraph import connected_components, minimum_spanning_tree
 
+from pollux.litz.apps.hdbscan_links import BlockDistance, Links, cluster_links
+
 #: Most graph components joined by exact mutual-reachability distances (their representatives'
 #: complete graph has this many squared entries).
 MAX_JOIN_COMPONENTS = 4096
+#: Steps along the kNN graph that a leaf cluster's search for its link reaches (0: no links).
+DEFAULT_LINK_HOPS = 2
 #: Stands in for weight 0 in scipy's sparse graphs, where an explicit 0 would not be an edge.
 _TINY = np.finfo(float).tiny
 
@@ -58,6 +65,7 @@ class Clustering:
     num_clusters: int
     stability: np.ndarray  # of each selected cluster, in label order
     components: int
+    links: int = 0  # edges added between clusters (hdbscan_links)
 
     @property
     def noise_fraction(self) -> float:
@@ -73,8 +81,9 @@ def core_distances(dist: np.ndarray, min_samples: int) -> np.ndarray:
 
 
 def spanning_tree(idx: np.ndarray, dist: np.ndarray, core: np.ndarray, points: np.ndarray,
-                  metric_distance: object) -> SpanningTree:
-    """MST of the mutual-reachability weights on the kNN edges, components joined (module doc).
+                  metric_distance: object, links: Links | None = None) -> SpanningTree:
+    """MST of the mutual-reachability weights on the kNN edges and `links`, components joined
+    (module doc).
 
     `metric_distance(a, b)` gives the distances between rows a[i] and b[i] of `points` (for the
     component representatives)."""
@@ -82,6 +91,13 @@ def spanning_tree(idx: np.ndarray, dist: np.ndarray, core: np.ndarray, points: n
     rows = np.repeat(np.arange(n), k)
     cols = idx.ravel()
     weight = np.maximum(dist.ravel(), np.maximum(core[rows], core[cols]))
+    if links is not None and links.size:
+        # A sparse matrix *adds* repeated entries: a link already in x's list (same weight) is left
+        # out. Leaves are disjoint, so no two links share (x, y); (y, x) is another entry.
+        new = ~(idx[links.u] == links.v[:, None]).any(axis=1)
+        rows = np.r_[rows, links.u[new]]
+        cols = np.r_[cols, links.v[new]]
+        weight = np.r_[weight, links.weight[new]]
     graph = coo_matrix((np.where(weight > 0, weight, _TINY), (rows, cols)), shape=(n, n)).tocsr()
     forest = minimum_spanning_tree(graph).tocoo()
     u, v, w = forest.row.astype(np.int64), forest.col.astype(np.int64), forest.data
@@ -258,12 +274,24 @@ def labels_from_tree(ct: CondensedTree) -> tuple[np.ndarray, np.ndarray]:
 
 
 def cluster_knn_graph(idx: np.ndarray, dist: np.ndarray, points: np.ndarray, min_samples: int,
-                      min_cluster_size: int, metric_distance: object) -> Clustering:
-    """HDBSCAN labels from a kNN graph (rows sorted by distance, distances in the metric)."""
+                      min_cluster_size: int, metric_distance: object,
+                      link_hops: int = DEFAULT_LINK_HOPS, block_distance: BlockDistance | None = None,
+                      ) -> Clustering:
+    """HDBSCAN labels from a kNN graph (rows sorted by distance, distances in the metric).
+
+    With `link_hops` > 0 the tree is built twice: the leaf clusters of the first hierarchy get their
+    links (`hdbscan_links`; `block_distance`, a matrix of distances, only makes their search faster),
+    and the labels come from the tree of the kNN edges and those links."""
     n = idx.shape[0]
     core = core_distances(dist, min_samples)
     tree = spanning_tree(idx, dist, core, points, metric_distance)
-    dendrogram = single_linkage(tree, n)
-    condensed = condense(dendrogram, min_cluster_size)
+    condensed = condense(single_linkage(tree, n), min_cluster_size)
+    links = None
+    if link_hops > 0:
+        links = cluster_links(condensed.point_cluster, condensed.parent, idx, core,
+                              metric_distance, link_hops, block_distance)  # type: ignore[arg-type]
+        if links.size:
+            tree = spanning_tree(idx, dist, core, points, metric_distance, links)
+            condensed = condense(single_linkage(tree, n), min_cluster_size)
     labels, stab = labels_from_tree(condensed)
-    return Clustering(labels, int(stab.size), stab, tree.components)
+    return Clustering(labels, int(stab.size), stab, tree.components, links.size if links is not None else 0)
