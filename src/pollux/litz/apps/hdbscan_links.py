@@ -21,9 +21,10 @@ step, 2 hops): FM 0.88 → 0.93 in 0.2 s; dimension 10: 0.93 → 0.98.
 Only a leaf's boundary (members with a neighbour outside) is paired with its candidates, in blocks
 of at most `PAIR_BLOCK` pairs so that a large leaf cannot allocate without bound. Pairing every
 member instead was measured too: FM 0.96 instead of 0.93 in dimension 5 above, the same cost with a
-matrix-product `block_distance` (1.4 s at 2^17 points in ten large clusters) but 2-4x the cost with
-the pair-by-pair default; over the ten dimensions of `benchmarks/litz_hdbscan.py` both pass FM 0.90
-and the boundary version had the cluster counts within 2 % of exact in one dimension more.
+matrix-product `block_distance` (1.4 s at 2^17 points in ten large clusters) but 3-4x the cost with
+the pair-by-pair default (2.6 s against 0.7-0.9 s at 2^15 points); over the ten dimensions of
+`benchmarks/litz_hdbscan.py` both pass FM 0.90, and the boundary version had the cluster counts
+within 2 % of exact in one dimension more.
 """
 
 from __future__ import annotations
