@@ -193,6 +193,8 @@ def job_rows(inputs: RowInputs, node_size: Sequence[int], explore_factor: int,
             continue
         model = given.model
         limits = given.limits
+        if model is not None and limits is None:
+            limits = BatchLimits(model.init_batch_size)
         upper_hw = given.upper
         keep = cur[1] if cur is not None and cur[0] == t else 0
         if inputs.fixed is not None:
@@ -200,8 +202,7 @@ def job_rows(inputs: RowInputs, node_size: Sequence[int], explore_factor: int,
         elif model is None:
             cand = np.asarray([lo, keep], dtype=np.int64)
         else:
-            if limits is None:
-                limits = BatchLimits(model.init_batch_size)
+            assert limits is not None
             # Every count up to the job's cap, free GPUs or not: the goodputs of this set are
             # memoised across rounds (the free GPUs change every round; the model seldom), and
             # the counts above the free GPUs are dropped after the lookup.
@@ -218,8 +219,7 @@ def job_rows(inputs: RowInputs, node_size: Sequence[int], explore_factor: int,
             per_type[t] = tuple(int(c) for c in cand)
             continue
         no_model = False
-        if limits is None:
-            limits = BatchLimits(model.init_batch_size)
+        assert limits is not None
         nodes = -(-cand // node_size[t])
         if cur is not None and cur[0] == t:
             nodes = np.where(cand == cur[1], cur[2], nodes)

@@ -69,34 +69,35 @@ def leaf_members(point_cluster: np.ndarray, parent: np.ndarray) -> list[np.ndarr
     """The points of each leaf cluster (no child clusters; never the root), in cluster order, each
     sorted by point index."""
     count = parent.size
-    has_child = np.bincount(parent[1:], minlength=count) > 0 if count > 1 else np.zeros(count, dtype=bool)
+    has_child = np.bincount(parent[1:], minlength=count) > 0
     order = np.argsort(point_cluster, kind="stable")
     bounds = np.searchsorted(point_cluster[order], np.arange(count + 1))
     return [order[bounds[c]:bounds[c + 1]] for c in range(1, count) if not has_child[c]]
 
 
-def neighbourhood(graph: csr_matrix, members: np.ndarray, inside: np.ndarray, hops: int) -> np.ndarray:
-    """Points within `hops` steps of `members` along `graph` that are not members (`inside` marks the
-    members), sorted by index within each step, nearer steps first."""
+def neighbourhood(graph: csr_matrix, member_rows: csr_matrix, inside: np.ndarray, hops: int) -> np.ndarray:
+    """Points within `hops` steps of the members along `graph` that are not members (`member_rows`:
+    the members' rows of `graph`; `inside` marks the members), sorted by index within each step,
+    nearer steps first."""
     seen = inside.copy()
     found: list[np.ndarray] = []
-    frontier = members
+    rows = member_rows
     for _ in range(hops):
-        reached = np.unique(graph[frontier].indices)
+        reached = np.unique(rows.indices)
         reached = reached[~seen[reached]]
         if reached.size == 0:
             break
         seen[reached] = True
         found.append(reached)
-        frontier = reached
+        rows = graph[reached]
     return np.concatenate(found) if found else np.zeros(0, dtype=np.int64)
 
 
-def boundary(graph: csr_matrix, members: np.ndarray, inside: np.ndarray) -> np.ndarray:
-    """The members with a neighbour outside (`inside` marks the members), in member order: where a
-    cluster's lightest edge to its surroundings starts (a member deep inside has members nearer to
-    every outside point than itself, unless the cluster is much thinner than its k neighbours)."""
-    rows = graph[members]
+def boundary(members: np.ndarray, member_rows: csr_matrix, inside: np.ndarray) -> np.ndarray:
+    """The members with a neighbour outside (`member_rows`: their rows of the graph; `inside` marks
+    the members), in member order: where the search for a cluster's lightest edge to its
+    surroundings starts (module doc)."""
+    rows = member_rows
     outside = np.zeros(rows.nnz + 1, dtype=np.int64)
     np.cumsum(~inside[rows.indices], out=outside[1:])
     return members[outside[rows.indptr[1:]] > outside[rows.indptr[:-1]]]
@@ -142,8 +143,9 @@ def cluster_links(point_cluster: np.ndarray, parent: np.ndarray, idx: np.ndarray
     v: list[int] = []
     for members in leaf_members(point_cluster, parent):
         inside[members] = True
-        candidates = neighbourhood(graph, members, inside, hops)
-        edge = boundary(graph, members, inside)
+        member_rows = graph[members]
+        candidates = neighbourhood(graph, member_rows, inside, hops)
+        edge = boundary(members, member_rows, inside)
         inside[members] = False
         if candidates.size == 0:
             continue
