@@ -2,20 +2,15 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 
 from pollux.goodput.records import ThroughputParams
 from pollux.policy.registry import make_policy
 from pollux.sim import fit_memo as fit_memo_module
-from pollux.sim.engine import SimConfig, simulate
+from pollux.sim.engine import simulate
 from pollux.sim.fit_memo import FitMemo, fit_records
 from pollux.sim.measurements import Measurements
-from pollux.sim.profiles import load_profiles
-from pollux.sim.workload import WorkloadJob
-
-SHARED = Path(__file__).resolve().parents[2] / "shared" / "data" / "pollux-osdi21"
+from sim_memo_case import SHARED, memo_case
 
 RECORDS = {(1, 1, 128): (0.20, 0.18), (1, 2, 128): (0.26, 0.18), (2, 4, 64): (0.31, 0.10)}
 
@@ -74,10 +69,7 @@ def test_measurements_count_every_fit_remembered_or_not():
 @pytest.mark.parametrize("policy", ["pollux", "sia"])
 def test_a_simulation_is_the_same_without_the_memo(monkeypatch, policy):
     """Every job's JCT and fit count are identical when each fit is made afresh."""
-    profiles = load_profiles(SHARED / "traces", apps=["cifar10", "ncf"])
-    jobs = [WorkloadJob(f"j{i}", 60.0 * (i // 2), "cifar10" if i % 3 else "ncf", 1,
-                        128 if i % 3 else 256) for i in range(8)]
-    config = SimConfig(num_nodes=2, gpus_per_node=4, bootstrap_s=60.0)
+    case = memo_case()
     lookups: list[int] = []
     real_fit = FitMemo.fit
 
@@ -87,10 +79,10 @@ def test_a_simulation_is_the_same_without_the_memo(monkeypatch, policy):
         return found
 
     monkeypatch.setattr(FitMemo, "fit", counted)
-    with_memo = simulate(jobs, profiles, make_policy(policy), config)
+    with_memo = simulate(case.jobs, case.profiles, make_policy(policy), case.config)
     assert lookups and lookups[-1] > 0                    # the memo was used, and hit
     monkeypatch.setattr(FitMemo, "fit", lambda self, records, previous: fit_memo_module.fit_records(
         records, previous))
-    fresh = simulate(jobs, profiles, make_policy(policy), config)
+    fresh = simulate(case.jobs, case.profiles, make_policy(policy), case.config)
     assert [(j.name, j.jct, j.fits, j.restarts) for j in with_memo.jobs] == \
            [(j.name, j.jct, j.fits, j.restarts) for j in fresh.jobs]

@@ -49,6 +49,25 @@ def gain(scale: ArrayLike, sqr: ArrayLike, var: ArrayLike) -> np.ndarray:
     return out
 
 
+
+def gain_of(scale: float, sqr: float, var: float) -> float:
+    """:func:`gain` of one scale and one pair of statistics, as a Python float, bit for bit.
+
+    For the simulator's inner loop, which asks once per step segment of every running job: numpy's
+    per-call cost was most of the work there. The same IEEE operations in the same order give the
+    same double; a NaN or a zero scale goes through :func:`gain` itself, so that numpy's rules for
+    them (NaN propagation, division by zero) hold too.
+    """
+    if scale != scale or sqr != sqr or var != var or scale == 0.0:
+        return float(gain(scale, sqr, var))
+    var = max(var, 0.0)
+    top = max(var, sqr)
+    unit = top if top > 0.0 and (top < 1e-280 or top > 1e280) else 1.0
+    v, q = var / unit, sqr / unit
+    den = v / scale + q
+    return (v + q) / den if den > 0.0 else float(scale)
+
+
 def efficiency(
     batch_size: ArrayLike, init_batch_size: ArrayLike, sqr: ArrayLike, var: ArrayLike
 ) -> np.ndarray:

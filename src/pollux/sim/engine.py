@@ -27,6 +27,7 @@ import numpy as np
 from pollux.policy.base import Cluster, Policy, to_matrix
 from pollux.policy.registry import ADAPTIVE, ELASTIC, RIGID, policy_info
 from pollux.sim.balance import check_node_speed
+from pollux.sim.batch_memo import BatchChoiceMemo
 from pollux.sim.fit_memo import FitMemo
 from pollux.sim.fleet import CloudFleet
 from pollux.sim.job import (  # noqa: F401 (re-exported: SimJob used to live here)
@@ -261,10 +262,13 @@ def simulate(
     untyped_bootstrap = info.type_aware and not typed
     # Jobs that ran the same configurations ask for the same fit: made once (results unchanged).
     fit_memo = FitMemo()
+    # Jobs with the same model, placement and limits choose the same batch: searched once.
+    batch_memo = BatchChoiceMemo()
 
     def make_job(spec: WorkloadJob) -> SimJob:
         return SimJob(spec, base_profile(spec.application), kind, config, cluster.num_nodes,
-                      contexts.get(spec.application), bootstrap=untyped_bootstrap, fit_memo=fit_memo)
+                      contexts.get(spec.application), bootstrap=untyped_bootstrap, fit_memo=fit_memo,
+                      batch_memo=batch_memo)
 
     jobs = [make_job(spec) for spec in sorted(workload, key=lambda j: (j.submit_time, j.name))]
     stopped: set[str] = set()

@@ -26,10 +26,12 @@ from typing import Any
 
 import numpy as np
 
-from pollux.goodput import BatchLimits, GoodputModel, GradStats, gain
+from pollux.goodput import BatchLimits, GoodputModel, GradStats, ThroughputParams
+from pollux.goodput.efficiency import gain_of
 from pollux.policy.base import Cluster, JobView, fixed_shape
 from pollux.policy.registry import ADAPTIVE, ELASTIC, RIGID, JobKind
 from pollux.sim.batch_config import adaptive_batch_config, fixed_batch_config, job_limits, limits_on_type
+from pollux.sim.batch_memo import BatchChoiceMemo
 from pollux.sim.fit_memo import FitMemo
 from pollux.sim.gpu_time import GpuTime
 from pollux.sim.measurements import REMEASURE_TOLERANCE, Measurements
@@ -41,6 +43,9 @@ from pollux.sim.workload import WorkloadJob
 
 # PROFILE_GPUS_PER_NODE, REMEASURE_TOLERANCE, TypeContext and fixed_batch_config are re-exported: they
 # lived here before their concerns had modules of their own.
+#: The per-type models last built: (type index, parameters) pairs, the statistics, the models by type.
+TypeModelsMemo = tuple[list[tuple[int, ThroughputParams]], GradStats, dict[str, GoodputModel]]
+
 __all__ = ["PROFILE_GPUS_PER_NODE", "REMEASURE_TOLERANCE", "SimJob", "TypeContext", "fixed_batch_config"]
 
 
@@ -56,18 +61,25 @@ class SimJob:
 
     def __init__(self, spec: WorkloadJob, profile: AppProfile, kind: JobKind, config: Any,
                  num_nodes: int, typed: TypeContext | None = None, bootstrap: bool = False,
-                 fit_memo: FitMemo | None = None) -> None:
+                 fit_memo: FitMemo | None = None, batch_memo: BatchChoiceMemo | None = None) -> None:
         """``config`` is the run's :class:`pollux.sim.engine.SimConfig`; ``typed`` is given on a typed
         cluster (None: every node runs ``profile``, as before types existed). ``bootstrap``: on an
         untyped cluster, bootstrap an adaptive job's model from a 1-GPU profile (a type-aware
         policy's one-type case; on a typed cluster ``typed.aware`` decides). ``fit_memo``: the
-        simulation's memo of throughput fits (:mod:`pollux.sim.fit_memo`), shared by its jobs."""
+        simulation's memo of throughput fits (:mod:`pollux.sim.fit_memo`), shared by its jobs;
+        ``batch_memo`` its memo of the agents' batch choices (:mod:`pollux.sim.batch_memo`)."""
         self.spec = spec
         self.name = spec.name
         self.profile = profile
         self.meta = profile.meta
         self.kind = kind
         self.row = np.zeros(num_nodes, dtype=np.int64)
+        self._placed: list[tuple[int, int]] = []     # (node index, GPUs) of the row's non-empty nodes
+        self._replicas = 0
+        # The goodput models last built for the policy's view, by the inputs they came from (see
+        # model() and _type_models()): the engine asks every round, the inputs change rarely.
+        self._model_memo: tuple[ThroughputParams, GradStats, GoodputModel] | None = None
+        self._type_memo: TypeModelsMemo | None = None
         self.typed = typed
         #: Speed calibration: step times are multiplied by this factor (Sia's per-application slowdown).
         self.factor = float(config.slowdown_of(spec.application))
@@ -93,6 +105,7 @@ class SimJob:
         self.true_steps = TrueStepTimes(profile, typed, config.speeds()[:num_nodes], config.balance,
                                         self.factor, self.limits)
         self.measured = Measurements(self.aware, fit_memo)
+        self.batch_memo = batch_memo
         self.gpu_time = GpuTime(len(typed.type_names) if typed is not None else 0)
         self.elastic_oracle = ElasticOracle(profile, spec.batch_size) if kind == ELASTIC else None
         # Typed cluster: the batch limits on each type the job has a profile for (its memory bound).
@@ -125,9 +138,15 @@ class SimJob:
     def _type_models(self) -> dict[str, GoodputModel]:
         assert self.typed is not None
         stats = self.grad_stats()
+        fitted = list(self.measured.type_params.items())
+        memo = self._type_memo
+        if (memo is not None and memo[1] == stats and len(memo[0]) == len(fitted)
+                and all(i == k and p is q for (i, p), (k, q) in zip(memo[0], fitted, strict=True))):
+            return dict(memo[2])
         m0 = self.meta.init_batch_size
-        return {self.typed.type_names[i]: GoodputModel(p, stats, m0)
-                for i, p in self.measured.type_params.items()}
+        models = {self.typed.type_names[i]: GoodputModel(p, stats, m0) for i, p in fitted}
+        self._type_memo = (fitted, stats, models)
+        return dict(models)
 
     def _cur_limits(self) -> BatchLimits:
         """Batch limits on the type this job runs on (type-aware jobs), else the application's."""
@@ -137,11 +156,11 @@ class SimJob:
 
     @property
     def replicas(self) -> int:
-        return int(self.row.sum())
+        return self._replicas
 
     @property
     def nodes(self) -> int:
-        return int(np.count_nonzero(self.row))
+        return len(self._placed)
 
     def grad_stats(self) -> GradStats:
         batch = self.batch if self.batch > 0 else self.meta.init_batch_size
@@ -151,10 +170,16 @@ class SimJob:
         params = self.measured.params_for(self.run_type)
         if params is None:
             return None
-        return GoodputModel(params, self.grad_stats(), self.meta.init_batch_size)
+        stats = self.grad_stats()
+        memo = self._model_memo
+        if memo is not None and memo[0] is params and memo[1] == stats:
+            return memo[2]
+        model = GoodputModel(params, stats, self.meta.init_batch_size)
+        self._model_memo = (params, stats, model)
+        return model
 
     def view(self, now: float, cluster: Cluster) -> JobView:
-        alloc = {cluster.nodes[i]: int(g) for i, g in enumerate(self.row) if g > 0}
+        alloc = {cluster.nodes[i]: g for i, g in self._placed}
         oracle = self.elastic_oracle
         return JobView(
             id=self.name, submit_time=self.spec.submit_time, age_s=now - self.spec.submit_time,
@@ -186,8 +211,11 @@ class SimJob:
             top = int(limits.max_batch)
             cfg = fixed_batch_config(min(m0 * r, top), r, m0, int(limits.max_local))
         else:
-            cfg = adaptive_batch_config(self.model(), self.nodes, r, limits, m0,
-                                        start_at_max=self.spec.application == "ncf")
+            start_at_max = self.spec.application == "ncf"
+            if self.batch_memo is not None:
+                cfg = self.batch_memo.choose(self.model(), self.nodes, r, limits, m0, start_at_max)
+            else:
+                cfg = adaptive_batch_config(self.model(), self.nodes, r, limits, m0, start_at_max)
         self.batch, self.local_bsz, self.accum = cfg
         if not self.batch_sizes or self.batch_sizes[-1] != self.batch:
             self.batch_sizes.append(self.batch)
@@ -202,6 +230,8 @@ class SimJob:
         if np.array_equal(row, self.row):
             return
         self.row = row.astype(np.int64).copy()
+        self._placed = [(int(i), int(self.row[i])) for i in np.flatnonzero(self.row > 0)]
+        self._replicas = int(self.row.sum())
         if self.typed is not None and self.replicas > 0:
             # The type the job runs on (a mixed placement: refined to the slowest type at each lookup).
             self.run_type = int(self.typed.node_type[np.argmax(self.row > 0)])
@@ -235,7 +265,7 @@ class SimJob:
             t_iter = (step + self.accum * (step - sync)) / (1.0 - slowdown)
             stats = self.profile.grad_stats(self.epoch, self.batch)
             rate_iter = 1.0 / t_iter
-            rate = float(gain(self.batch / m0, stats.sqr, stats.var)) * rate_iter
+            rate = gain_of(self.batch / m0, stats.sqr, stats.var) * rate_iter
             target = epoch_ends[self.epoch]
             need = (target - self.progress) / rate
             if need <= left:
@@ -276,4 +306,4 @@ class SimJob:
             return 0.0
         stats = self.profile.grad_stats(self.epoch, self.batch)
         s = self.batch / self.meta.init_batch_size
-        return float(gain(s, stats.sqr, stats.var)) / s
+        return gain_of(s, stats.sqr, stats.var) / s
