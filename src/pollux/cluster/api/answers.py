@@ -11,16 +11,20 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 
 from pollux.cluster.backends.gputypes import job_gpu_types
 from pollux.cluster.backends.launcher import TENSORBOARD_FOLDER
 from pollux.cluster.state.records import JobRecord, ReplicaRecord, ResizeRecord, TransitionRecord, UserRecord
 
-__all__ = ["SafeJSONResponse", "allocation_dict", "job_dict", "replica_dict", "sanitise", "tensorboard_dir",
-           "transition_dict", "user_dict"]
+__all__ = ["RenderedJSONResponse", "SafeJSONResponse", "allocation_dict", "job_dict", "render_json",
+           "replica_dict", "sanitise", "tensorboard_dir", "transition_dict", "user_dict"]
 
 _SURROGATE = re.compile("[\ud800-\udfff]")
+# ``json.dumps`` with these settings, made once rather than per call (the job listing renders
+# thousands of jobs one by one).
+_STRICT = json.JSONEncoder(ensure_ascii=False, allow_nan=False, separators=(",", ":"))
+_LENIENT = json.JSONEncoder(ensure_ascii=False, allow_nan=False, separators=(",", ":"), default=str)
 
 
 def sanitise(value: Any) -> Any:
@@ -36,22 +40,42 @@ def sanitise(value: Any) -> Any:
     return value
 
 
+def render_json(content: Any) -> bytes:
+    """``content`` as the API sends it: strict JSON when the content allows, else the content with
+    lone surrogates replaced and non-finite numbers as null (never an encoding error, a 500).
+
+    Rendering an array item by item and joining the items with ``,`` inside ``[...]`` gives the
+    bytes of rendering the array whole, even when one item needs the second pass: :func:`sanitise`
+    changes nothing in an item that renders strictly and whose keys are strings, as every record's
+    are (the job listing, :mod:`pollux.cluster.api.listing`, relies on it).
+    """
+    try:
+        return _STRICT.encode(content).encode("utf-8")
+    except (UnicodeEncodeError, ValueError, TypeError):
+        return _LENIENT.encode(sanitise(content)).encode("utf-8")
+
+
 class SafeJSONResponse(JSONResponse):
-    """A JSON answer that can always be sent: strict JSON when the content allows, else the content
-    with lone surrogates replaced and non-finite numbers as null (never an encoding error, a 500)."""
+    """A JSON answer that can always be sent (:func:`render_json`)."""
 
     def render(self, content: Any) -> bytes:
-        try:
-            return json.dumps(content, ensure_ascii=False, allow_nan=False,
-                              separators=(",", ":")).encode("utf-8")
-        except (UnicodeEncodeError, ValueError, TypeError):
-            return json.dumps(sanitise(content), ensure_ascii=False, allow_nan=False,
-                              separators=(",", ":"), default=str).encode("utf-8")
+        return render_json(content)
+
+
+class RenderedJSONResponse(Response):
+    """A JSON answer rendered already, by :func:`render_json`'s rules (the job listing's, joined from
+    each job's remembered JSON): sent as it is, with the headers of a :class:`SafeJSONResponse`."""
+
+    media_type = "application/json"
 
 
 def job_dict(job: JobRecord, *, token: bool = False,
              types: Mapping[str, str] | None = None) -> dict[str, Any]:
-    """A job as the API answers it (``token`` only on the answer to its submission)."""
+    """A job as the API answers it (``token`` only on the answer to its submission).
+
+    The job listing renders the same fields straight from the job's row
+    (:func:`pollux.cluster.api.listing.listed_job_json`): a field changed here must be changed there
+    too (``tests/test_job_listing.py`` fails until both give the same bytes)."""
     out: dict[str, Any] = {
         "id": job.id, "name": job.name, "state": job.state, "spec": job.spec.to_dict(),
         "spec_error": job.spec_error,

@@ -80,6 +80,7 @@ from pollux.cluster.api.access import (
     job_named,
 )
 from pollux.cluster.api.answers import (
+    RenderedJSONResponse,
     SafeJSONResponse,
     allocation_dict,
     job_dict,
@@ -89,6 +90,7 @@ from pollux.cluster.api.answers import (
     user_dict,
 )
 from pollux.cluster.api.limits import MAX_QUERY_INT, RequestError, find_nonfinite, read_json_body
+from pollux.cluster.api.listing import JobListing
 from pollux.cluster.api.logs import log_stream
 from pollux.cluster.api.metrics import ServiceMetrics
 from pollux.cluster.state.hints_table import MAX_HISTORY_POINTS
@@ -295,14 +297,15 @@ def create_app(store: JobStore, admin_token: str, *, log_dir: Path | None = None
             on_change()
         return SafeJSONResponse(job_dict(job, token=True, types=types()), status_code=201)
 
+    listing = JobListing(store)   # each job's JSON, remembered by its row: pollux ls at 5,000 jobs
+
     @app.get("/v1/jobs", dependencies=[only_query("state")], response_model=None,
              summary="List jobs (the admin: all; a user: its own), optionally only those in the given states",
              responses=schema.responses(200, "JobList", 401, 422), openapi_extra=schema.BEARER)
     def list_jobs(caller: MemberCaller,
-                  state: _StatesQuery = None) -> SafeJSONResponse:  # type: ignore[assignment]
-        known = types()
-        jobs = store.list_jobs(state or None, owner=caller.owner_filter)
-        return SafeJSONResponse([job_dict(j, types=known) for j in jobs])
+                  state: _StatesQuery = None) -> RenderedJSONResponse:  # type: ignore[assignment]
+        body = listing.render(state or None, owner=caller.owner_filter, types=types())
+        return RenderedJSONResponse(body)
 
     @app.get("/v1/jobs/{job_id}", dependencies=[only_query()], response_model=None,
              summary="Describe a job (the admin, or the user who owns it)",

@@ -20,7 +20,7 @@ from pollux.cluster.state.records import JobRecord, UnknownJobError
 from pollux.cluster.state.schema import MIGRATIONS, SCHEMA_VERSION, SchemaVersionError
 from pollux.cluster.state.spec import JobSpec
 
-__all__ = ["StoreConnection", "Transaction", "stored_allocation", "timestamp"]
+__all__ = ["StoreConnection", "Transaction", "stored_allocation", "stored_spec", "timestamp"]
 
 #: Parsed specs remembered by their stored text (a few KB each at most).
 SPEC_MEMO_SIZE = 8192
@@ -130,7 +130,7 @@ class StoreConnection:
     @staticmethod
     def _job(row: sqlite3.Row) -> JobRecord:
         """A record from a row; never raises for a row whose content no longer validates."""
-        spec, spec_error = _stored_spec(row["spec"])
+        spec, spec_error = stored_spec(row["spec"])
         return JobRecord(
             id=row["id"], name=row["name"], spec=spec, state=row["state"], token=None,
             submit_time=row["submit_time"], start_time=row["start_time"], end_time=row["end_time"],
@@ -140,7 +140,7 @@ class StoreConnection:
 
 
 @functools.lru_cache(maxsize=SPEC_MEMO_SIZE)
-def _stored_spec(text: str) -> tuple[JobSpec, str | None]:
+def stored_spec(text: str) -> tuple[JobSpec, str | None]:
     """:meth:`JobSpec.from_stored`, remembered by the stored text: a job's spec never changes once
     stored, and listing 5,000 jobs parsed and validated every one of them again (a third of the
     list's time). Specs are frozen and shared read-only."""

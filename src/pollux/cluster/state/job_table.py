@@ -9,23 +9,33 @@ import logging
 import math
 import secrets
 import sqlite3
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from pollux.cluster.state.allocation_table import check_allocation, write_allocation
-from pollux.cluster.state.database import StoreConnection, timestamp
-from pollux.cluster.state.lifecycle import JOB_STATES, check_transition, effects
+from pollux.cluster.state.database import StoreConnection, stored_spec, timestamp
+from pollux.cluster.state.lifecycle import JOB_STATES, TERMINAL_STATES, check_transition, effects
 from pollux.cluster.state.records import JobRecord, TransitionRecord
 from pollux.cluster.state.schema import hash_token
 from pollux.cluster.state.spec import JobSpec, is_job_id, validate_name
 
-__all__ = ["MAX_PAGE_SIZE", "JobPage", "JobTable"]
+__all__ = ["LISTING_COLUMNS", "MAX_PAGE_SIZE", "JobPage", "JobTable"]
 
 _log = logging.getLogger(__name__)
 
 #: The most jobs one page of a listing holds.
 MAX_PAGE_SIZE = 500
+
+#: The columns of :meth:`JobTable.listing_rows`'s rows, in this order: every column a job's record is
+#: read from (not its token's hash).
+LISTING_COLUMNS: tuple[str, ...] = (
+    "id", "name", "spec", "state", "submit_time", "start_time", "end_time", "restarts", "failure_reason",
+    "attained_service", "allocation", "failures", "owner",
+)
+_ID = LISTING_COLUMNS.index("id")
+_SPEC = LISTING_COLUMNS.index("spec")
+_STATE = LISTING_COLUMNS.index("state")
 
 
 @dataclass(frozen=True)
@@ -116,6 +126,47 @@ class JobTable(StoreConnection):
                 if wanted is not None:
                     jobs = [j for j in jobs if j.state in wanted]
             return jobs
+
+    def listing_rows(self, states: Iterable[str] | None = None, *,
+                     owner: str | None = None) -> list[tuple[Any, ...]]:
+        """The jobs :meth:`list_jobs` lists, as their rows: :data:`LISTING_COLUMNS` as stored (plain
+        tuples), in the same order, after failing the same jobs (a non-terminal job whose stored spec
+        no longer validates; the rows are then read again).
+
+        For an answer made from the rows themselves: the API's listing remembers each job's JSON by
+        the row it was made from (:mod:`pollux.cluster.api.listing`); reading 5,000 rows costs a
+        fraction of reading them into records.
+        """
+        _, clause, params = _job_filter(states, owner=owner)
+        query = f"SELECT {', '.join(LISTING_COLUMNS)} FROM jobs {clause}ORDER BY submit_time, rowid"
+        with self._lock:
+            rows = self._plain_rows(query, params)
+            invalid = [row[_ID] for row in rows
+                       if row[_STATE] not in TERMINAL_STATES and stored_spec(row[_SPEC])[1] is not None]
+            if not invalid:
+                return rows
+            for job_id in invalid:
+                self._fail_invalid(self._job(self._row(self._conn, job_id)))
+            return self._plain_rows(query, params)
+
+    def _plain_rows(self, query: str, params: Sequence[Any]) -> list[tuple[Any, ...]]:
+        """The rows of ``query`` as plain tuples (not :class:`sqlite3.Row`, which costs more), their
+        text decoded by :mod:`sqlite3` itself: the store's lenient text factory, a Python call per
+        value, was a third of the time of reading 5,000 rows. A text that is not UTF-8 (a file edited
+        by hand) fails the strict decoding; the rows are then read again the lenient way, so they
+        hold the same values either way. The caller holds the lock (the factory is the connection's)."""
+        cursor = self._conn.cursor()
+        cursor.row_factory = None
+        lenient = self._conn.text_factory
+        self._conn.text_factory = str
+        try:
+            return cursor.execute(query, params).fetchall()
+        except sqlite3.OperationalError as exc:
+            if "decode" not in str(exc):
+                raise
+        finally:
+            self._conn.text_factory = lenient
+        return cursor.execute(query, params).fetchall()
 
     def jobs_page(self, states: Iterable[str] | None = None, *, owner: str | None = None,
                   admins_only: bool = False, offset: int = 0, limit: int = 50,
