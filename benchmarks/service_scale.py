@@ -40,10 +40,15 @@ Reported (``--json``: one object on stdout; progress on stderr):
   and ``policy_s``, the part the service itself times and logs (``RoundResult.duration_s``: read
   the jobs and their hints, the views, the policy's ``decide``; stored in the ``rounds`` table);
   ``tick_s``: the control loop's ticks without a round (reconciling every active job);
-* ``latency_ms``: p50/p99/max per call, all calls, and the calls sent while a round ran;
+* ``latency_ms``: p50/p99/max per call, all calls, and the calls sent while a round ran: from
+  sending the request to holding the whole answer (before 2026-11-30 it also held the client's
+  parsing of the answer's JSON, now ``client_parse_ms``, apart);
   ``errors`` (no answer, 5xx) and ``refused`` (4xx: e.g. hints from a run whose job was cancelled
   or restarted since the agents' last listing) per call;
 * ``store``: the SQLite files' sizes (``jobs.db``, ``-wal``, ``-shm``) at the end, rows per table;
+* ``worker_rss_mib``, ``worker_cpu_s_per_s``: the same of the service's child processes, its policy
+  worker (rounds of 256 jobs or more are decided there; its CPU is over its whole life, per second
+  measured);
 * ``service_rss_mib``: the service process's resident memory (``/proc/<pid>/status``: ``VmHWM``, its
   peak, and ``VmRSS`` sampled every 0.5 s) — the *child* process, not this one;
 * the acceptance targets (round p99 ≤ 1 s, every call's p99 ≤ 200 ms) and whether they were met.
@@ -408,14 +413,31 @@ def proc_cpu_s(pid: int) -> float | None:
         return None
 
 
+def child_pids(pid: int) -> list[int]:
+    """The direct children of a process (Linux ``/proc/<pid>/task/*/children``)."""
+    out: list[int] = []
+    try:
+        for task in os.listdir(f"/proc/{pid}/task"):
+            with open(f"/proc/{pid}/task/{task}/children") as f:
+                out.extend(int(x) for x in f.read().split())
+    except (OSError, ValueError):
+        pass
+    return out
+
+
 class Sampler(threading.Thread):
-    """The service process's memory every ``period_s``."""
+    """The service process's memory every ``period_s``, and its children's (the policy worker,
+    which holds the policy and its memos once large rounds run there): their resident sizes summed,
+    and each child's peak, last seen."""
 
     def __init__(self, pid: int, period_s: float = 0.5) -> None:
         super().__init__(name="sampler", daemon=True)
         self.pid, self.period_s = pid, period_s
         self.rss_kib: list[int] = []
         self.hwm_kib = 0
+        self.children_rss_kib: list[int] = []
+        self.children_hwm_kib: dict[int, int] = {}
+        self.children_cpu_s: dict[int, float] = {}
         self.halt = threading.Event()
 
     def sample(self) -> None:
@@ -423,6 +445,15 @@ class Sampler(threading.Thread):
         if "VmRSS" in st:
             self.rss_kib.append(st["VmRSS"])
         self.hwm_kib = max(self.hwm_kib, st.get("VmHWM", 0))
+        total = 0
+        for child in child_pids(self.pid):
+            cst = proc_status(child)
+            total += cst.get("VmRSS", 0)
+            self.children_hwm_kib[child] = max(self.children_hwm_kib.get(child, 0), cst.get("VmHWM", 0))
+            cpu = proc_cpu_s(child)
+            if cpu is not None:
+                self.children_cpu_s[child] = cpu
+        self.children_rss_kib.append(total)
 
     def run(self) -> None:
         while not self.halt.wait(self.period_s):
@@ -430,10 +461,13 @@ class Sampler(threading.Thread):
 
 
 class Calls:
-    """Timed API calls of every thread: ``(name, sent wall time, seconds, HTTP status)``."""
+    """Timed API calls of every thread: ``(name, sent wall time, seconds, HTTP status)``, the seconds
+    from sending the request to holding the whole answer; and apart, ``(name, seconds)`` the client
+    then spent parsing the answer's JSON (its own work, not the API's: 2.9 MB for a full listing)."""
 
     def __init__(self) -> None:
         self.rows: list[tuple[str, float, float, int]] = []
+        self.parse: list[tuple[str, float]] = []
         self.lock = threading.Lock()
 
     def timed(self, name: str, fn: Callable[[], Any]) -> Any:
@@ -442,14 +476,18 @@ class Calls:
         sent, t = time.time(), time.perf_counter()
         body, status = None, 0
         try:
-            response = fn()
+            response = fn()         # the whole body is read before this returns (no streaming)
+            answered = time.perf_counter()
             status = response.status_code
             if response.is_success:
                 body = response.json()
         except httpx.HTTPError:
             status = 0
+            answered = time.perf_counter()
+        parsed = time.perf_counter()
         with self.lock:
-            self.rows.append((name, sent, time.perf_counter() - t, status))
+            self.rows.append((name, sent, answered - t, status))
+            self.parse.append((name, parsed - answered))
         return body
 
 
@@ -678,6 +716,7 @@ def run(args: argparse.Namespace, work: Path, out: dict[str, Any]) -> None:
     names = ("hints", *CALLS)
     out["latency_ms"] = {n: stats([s for c, _, s, _ in calls.rows if c == n], 1000.0) for n in names}
     out["latency_ms"]["all"] = stats([s for _, _, s, _ in calls.rows], 1000.0)
+    out["client_parse_ms"] = {n: stats([s for c, s in calls.parse if c == n], 1000.0) for n in names}
     out["latency_during_rounds_ms"] = {
         n: stats([s for c, sent, s, _ in calls.rows if c == n and overlapping(sent, s, spans)], 1000.0)
         for n in names}
@@ -696,6 +735,12 @@ def run(args: argparse.Namespace, work: Path, out: dict[str, Any]) -> None:
                               "sampled_p50": round(float(np.median(sampler.rss_kib)) / 1024, 1)
                               if sampler.rss_kib else None,
                               "of": "the service child process (VmHWM / VmRSS)"}
+    out["worker_rss_mib"] = {"peak": round(max(sampler.children_hwm_kib.values(), default=0) / 1024, 1),
+                             "sampled_max": round(max(sampler.children_rss_kib, default=0) / 1024, 1),
+                             "processes": len(sampler.children_hwm_kib),
+                             "of": "the service's child processes: its policy worker (VmHWM / VmRSS)"}
+    out["worker_cpu_s_per_s"] = (round(sum(sampler.children_cpu_s.values()) / wall, 2)
+                                 if sampler.children_cpu_s and wall > 0 else None)
     p99s = [v["p99"] for k, v in out["latency_ms"].items() if k != "all" and v["p99"] is not None]
     out["targets"] = {"round_p99_s": TARGET_ROUND_S, "api_p99_ms": TARGET_P99_MS}
     out["targets_met"] = {

@@ -336,6 +336,7 @@ class Controller:
 
     def shutdown(self, grace_s: float | None = None) -> None:
         """Preempt every running job (SIGTERM, checkpoint, exit) and leave it pending for the next start."""
+        self.scheduler.close()            # its policy process, if large rounds started one
         grace = self.config.stop_grace_s if grace_s is None else grace_s
         with self.lock:
             for x in list(self.launching.values()):

@@ -34,6 +34,7 @@ import numpy as np
 from pollux.cluster.backends.launcher import gpus_per_replica
 from pollux.cluster.control.outlook import OutlookCache
 from pollux.cluster.control.parsed_hints import HintsMemo, ParsedHints, hints_text, parse_hints
+from pollux.cluster.control.policy_worker import PROCESS_MIN_JOBS, OffloadedPolicy, PolicyWorker
 from pollux.cluster.state.lifecycle import SCHEDULED_STATES
 from pollux.cluster.state.records import JobOutlook
 from pollux.cluster.state.store import JobRecord, JobStore
@@ -287,17 +288,31 @@ class Scheduler:
     the cluster: each round is given the nodes the controller has just read from the backend."""
 
     def __init__(self, store: JobStore, policy_name: str = "pollux", interval_s: float = 60.0,
-                 seed: int = 0, **policy_options: Any) -> None:
+                 seed: int = 0, process_min_jobs: int | None = PROCESS_MIN_JOBS,
+                 **policy_options: Any) -> None:
+        """``process_min_jobs``: rounds with at least this many jobs are decided in a process of their
+        own (:mod:`.policy_worker`), so that the API does not wait for them; None decides every
+        round in this process."""
         if not interval_s > 0:
             raise ValueError(f"interval_s: must be > 0, got {interval_s!r}")
+        if process_min_jobs is not None and process_min_jobs < 1:
+            raise ValueError(f"process_min_jobs: must be >= 1 or None, got {process_min_jobs!r}")
         self.store = store
         self.policy = make_policy(policy_name, **policy_options)
+        self._made = self.policy
         self.interval_s = float(interval_s)
         self.seed = int(seed)
         self.rng = np.random.default_rng(self.seed)
         self.last_result: RoundResult | None = None
         self._isolation = _Isolation()
         self._outlooks = OutlookCache()
+        self.process_min_jobs = process_min_jobs
+        self.worker = None if process_min_jobs is None else PolicyWorker(policy_name, policy_options)
+
+    def close(self) -> None:
+        """Stop the policy's worker process, if one was started (the next large round starts another)."""
+        if self.worker is not None:
+            self.worker.close()
 
     @property
     def policy_name(self) -> str:
@@ -326,7 +341,11 @@ class Scheduler:
 
     def decide(self, now: float, cluster: Cluster) -> RoundResult:
         """One round on ``cluster`` at ``now``; writes nothing (see :func:`schedule_once`)."""
-        result = schedule_once(self.store, cluster, self.policy, now, self.rng, self._isolation,
-                               self._outlooks)
+        policy: Policy = self.policy
+        if self.worker is not None and self.process_min_jobs is not None and policy is self._made:
+            # The worker runs a policy made as this one was; a policy put in its place (tests,
+            # plug-ins) decides here.
+            policy = OffloadedPolicy(policy, self.worker, self.process_min_jobs)
+        result = schedule_once(self.store, cluster, policy, now, self.rng, self._isolation, self._outlooks)
         self.last_result = result
         return result
