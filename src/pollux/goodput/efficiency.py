@@ -49,7 +49,6 @@ def gain(scale: ArrayLike, sqr: ArrayLike, var: ArrayLike) -> np.ndarray:
     return out
 
 
-
 def gain_of(scale: float, sqr: float, var: float) -> float:
     """:func:`gain` of one scale and one pair of statistics, as a Python float, bit for bit.
 

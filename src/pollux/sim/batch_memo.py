@@ -16,7 +16,7 @@ it, least recently used first out.
 
 from __future__ import annotations
 
-from collections import OrderedDict
+import functools
 
 from pollux.goodput import BatchLimits, GoodputModel
 from pollux.sim.batch_config import adaptive_batch_config
@@ -26,36 +26,29 @@ __all__ = ["DEFAULT_MAX_ENTRIES", "BatchChoiceMemo"]
 #: Entries kept: a key is a model and limits (about twenty numbers), so this is a few tens of MB.
 DEFAULT_MAX_ENTRIES = 50_000
 
-ChoiceKey = tuple[GoodputModel | None, int, int, BatchLimits, int, bool]
-
 
 class BatchChoiceMemo:
-    """:func:`~pollux.sim.batch_config.adaptive_batch_config` remembered by its arguments; ``hits``
-    and ``misses`` count lookups."""
+    """:func:`~pollux.sim.batch_config.adaptive_batch_config` remembered by its arguments (a
+    :func:`functools.lru_cache` of its own); ``hits`` and ``misses`` count lookups."""
 
     def __init__(self, max_entries: int = DEFAULT_MAX_ENTRIES) -> None:
         if max_entries < 1:
             raise ValueError(f"max_entries: must be >= 1, got {max_entries!r}")
         self.max_entries = int(max_entries)
-        self._choices: OrderedDict[ChoiceKey, tuple[int, int, int]] = OrderedDict()
-        self.hits = 0
-        self.misses = 0
+        self._choose = functools.lru_cache(maxsize=self.max_entries)(adaptive_batch_config)
 
     def __len__(self) -> int:
-        return len(self._choices)
+        return self._choose.cache_info().currsize
+
+    @property
+    def hits(self) -> int:
+        return self._choose.cache_info().hits
+
+    @property
+    def misses(self) -> int:
+        return self._choose.cache_info().misses
 
     def choose(self, model: GoodputModel | None, nodes: int, replicas: int, limits: BatchLimits,
                init_batch_size: int, start_at_max: bool) -> tuple[int, int, int]:
         """(M, m, s) as :func:`~pollux.sim.batch_config.adaptive_batch_config` answers it."""
-        key: ChoiceKey = (model, nodes, replicas, limits, init_batch_size, start_at_max)
-        found = self._choices.get(key)
-        if found is not None:
-            self.hits += 1
-            self._choices.move_to_end(key)
-            return found
-        self.misses += 1
-        choice = adaptive_batch_config(model, nodes, replicas, limits, init_batch_size, start_at_max)
-        self._choices[key] = choice
-        if len(self._choices) > self.max_entries:
-            self._choices.popitem(last=False)
-        return choice
+        return self._choose(model, nodes, replicas, limits, init_batch_size, start_at_max)

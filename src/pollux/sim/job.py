@@ -30,7 +30,7 @@ from pollux.goodput import BatchLimits, GoodputModel, GradStats, ThroughputParam
 from pollux.goodput.efficiency import gain_of
 from pollux.policy.base import Cluster, JobView, fixed_shape
 from pollux.policy.registry import ADAPTIVE, ELASTIC, RIGID, JobKind
-from pollux.sim.batch_config import adaptive_batch_config, fixed_batch_config, job_limits, limits_on_type
+from pollux.sim.batch_config import fixed_batch_config, job_limits, limits_on_type
 from pollux.sim.batch_memo import BatchChoiceMemo
 from pollux.sim.fit_memo import FitMemo
 from pollux.sim.gpu_time import GpuTime
@@ -41,11 +41,11 @@ from pollux.sim.step_times import TrueStepTimes
 from pollux.sim.type_context import TypeContext
 from pollux.sim.workload import WorkloadJob
 
-# PROFILE_GPUS_PER_NODE, REMEASURE_TOLERANCE, TypeContext and fixed_batch_config are re-exported: they
-# lived here before their concerns had modules of their own.
 #: The per-type models last built: (type index, parameters) pairs, the statistics, the models by type.
 TypeModelsMemo = tuple[list[tuple[int, ThroughputParams]], GradStats, dict[str, GoodputModel]]
 
+# PROFILE_GPUS_PER_NODE, REMEASURE_TOLERANCE, TypeContext and fixed_batch_config are re-exported: they
+# lived here before their concerns had modules of their own.
 __all__ = ["PROFILE_GPUS_PER_NODE", "REMEASURE_TOLERANCE", "SimJob", "TypeContext", "fixed_batch_config"]
 
 
@@ -67,7 +67,8 @@ class SimJob:
         untyped cluster, bootstrap an adaptive job's model from a 1-GPU profile (a type-aware
         policy's one-type case; on a typed cluster ``typed.aware`` decides). ``fit_memo``: the
         simulation's memo of throughput fits (:mod:`pollux.sim.fit_memo`), shared by its jobs;
-        ``batch_memo`` its memo of the agents' batch choices (:mod:`pollux.sim.batch_memo`)."""
+        ``batch_memo`` its memo of the agents' batch choices (:mod:`pollux.sim.batch_memo`; the job
+        keeps one of its own when none is given)."""
         self.spec = spec
         self.name = spec.name
         self.profile = profile
@@ -105,7 +106,7 @@ class SimJob:
         self.true_steps = TrueStepTimes(profile, typed, config.speeds()[:num_nodes], config.balance,
                                         self.factor, self.limits)
         self.measured = Measurements(self.aware, fit_memo)
-        self.batch_memo = batch_memo
+        self.batch_memo = batch_memo if batch_memo is not None else BatchChoiceMemo()
         self.gpu_time = GpuTime(len(typed.type_names) if typed is not None else 0)
         self.elastic_oracle = ElasticOracle(profile, spec.batch_size) if kind == ELASTIC else None
         # Typed cluster: the batch limits on each type the job has a profile for (its memory bound).
@@ -212,10 +213,7 @@ class SimJob:
             cfg = fixed_batch_config(min(m0 * r, top), r, m0, int(limits.max_local))
         else:
             start_at_max = self.spec.application == "ncf"
-            if self.batch_memo is not None:
-                cfg = self.batch_memo.choose(self.model(), self.nodes, r, limits, m0, start_at_max)
-            else:
-                cfg = adaptive_batch_config(self.model(), self.nodes, r, limits, m0, start_at_max)
+            cfg = self.batch_memo.choose(self.model(), self.nodes, r, limits, m0, start_at_max)
         self.batch, self.local_bsz, self.accum = cfg
         if not self.batch_sizes or self.batch_sizes[-1] != self.batch:
             self.batch_sizes.append(self.batch)
