@@ -81,6 +81,11 @@ class SimJob:
         # model() and _type_models()): the engine asks every round, the inputs change rarely.
         self._model_memo: tuple[ThroughputParams, GradStats, GoodputModel] | None = None
         self._type_memo: TypeModelsMemo | None = None
+        #: Counts the changes to what the policy's view shows but the job's age: a new placement
+        #: (apply) and a round run on GPUs (advance). The view last built, with the count and the
+        #: cluster it was built for, serves the next round while neither changed (a queued job).
+        self._changes = 0
+        self._view_memo: tuple[int, Cluster, dict[str, Any]] | None = None
         self.typed = typed
         #: Speed calibration: step times are multiplied by this factor (Sia's per-application slowdown).
         self.factor = float(config.slowdown_of(spec.application))
@@ -180,10 +185,31 @@ class SimJob:
         return model
 
     def view(self, now: float, cluster: Cluster) -> JobView:
+        """What the policy sees of this job at ``now``.
+
+        Every field but the age is a function of the job's state, which only :meth:`apply` (a new
+        placement) and :meth:`advance` (a round on GPUs) change; so while neither has, the view of
+        the last round is the answer with the new age. At 2,000 jobs on 64 GPUs most jobs queue for
+        hours, and building their views afresh (models, limits per type) was 18 % of the run.
+        """
+        memo = self._view_memo
+        if memo is None or memo[0] != self._changes or memo[1] is not cluster:
+            memo = (self._changes, cluster, self._view_fields(cluster))
+            self._view_memo = memo
+        fields = memo[2]
+        fields["age_s"] = now - self.spec.submit_time
+        return JobView(**fields)
+
+    def _build_view(self, age: float, cluster: Cluster) -> JobView:
+        """The view built afresh, from the job's state alone (what :meth:`view` reuses)."""
+        return JobView(age_s=age, **self._view_fields(cluster))
+
+    def _view_fields(self, cluster: Cluster) -> dict[str, Any]:
+        """Every field of the view but ``age_s``."""
         alloc = {cluster.nodes[i]: g for i, g in self._placed}
         oracle = self.elastic_oracle
-        return JobView(
-            id=self.name, submit_time=self.spec.submit_time, age_s=now - self.spec.submit_time,
+        return dict(
+            id=self.name, submit_time=self.spec.submit_time,
             restarts=self.restarts, attained_service=self.gpu_time.attained, allocation=alloc,
             min_replicas=0, max_replicas=self.max_replicas, preemptible=True,
             model=self.model() if self.kind == ADAPTIVE else None,
@@ -225,8 +251,11 @@ class SimJob:
         self.measured.observe(key, step, sync, slowed, self.run_type, adaptive=self.kind == ADAPTIVE)
 
     def apply(self, row: np.ndarray, restart_delay: float) -> None:
+        if not row.any() and not self.row.any():
+            return                          # still without GPUs: the common case, checked cheaply
         if np.array_equal(row, self.row):
             return
+        self._changes += 1
         self.row = row.astype(np.int64).copy()
         self._placed = [(int(i), int(self.row[i])) for i in np.flatnonzero(self.row > 0)]
         self._replicas = int(self.row.sum())
@@ -246,6 +275,7 @@ class SimJob:
         r = self.replicas
         if r == 0 or self.completion is not None:
             return
+        self._changes += 1
         self.gpu_time.hold(self.row, dt, self.typed)
         left = dt
         if self.delay_left > 0:
