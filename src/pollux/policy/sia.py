@@ -22,7 +22,9 @@ encoded in which configurations exist; pinned jobs (not preemptible and running)
 exactly and are taken off the capacity first. The program is solved to optimality
 (``mip_rel_gap``); an optimum is checked against brute force in ``tests/test_policy_sia.py``.
 HiGHS runs without its LP presolve and without its feasibility-jump heuristic: on these
-multiple-choice knapsacks it was faster without either (:func:`solve`).
+multiple-choice knapsacks it was faster without either (:func:`solve`). When far more jobs wait than
+GPUs are free, the columns no optimum needs are dropped first (:mod:`.sia_prune`: per configuration
+only the best ``F − n + 1`` jobs, F the free GPUs), which keeps the optimal value exactly.
 (HiGHS 1.12 may print a stray ``HighsMipSolverData::transformNewIntegerFeasibleSolution`` line
 to stdout, an upstream debug print, ERGO-Code/HiGHS#2783; it does not affect the result.)
 
@@ -82,6 +84,7 @@ from pollux.policy.binary_program import solve_binary
 from pollux.policy.placement import place_packed
 from pollux.policy.sia_configs import ConfigTable, GoodputCache, build_configs, check_options, config_cost
 from pollux.policy.sia_job_rows import RowMemo
+from pollux.policy.sia_prune import needed_columns
 
 #: Version tag of the (diagnostic) state this policy returns.
 STATE_VERSION = 1
@@ -128,21 +131,25 @@ def solve(table: ConfigTable, free_by_type: np.ndarray, *, mip_rel_gap: float = 
     if k == 0:
         return choice, base, 0
     c = table.cost - table.idle_cost[table.job]
-    cols = np.arange(k)
-    per_job = csr_array((np.ones(k), (table.job, cols)), shape=(num_jobs, k))
-    per_type = csr_array((table.count.astype(np.float64), (table.gtype, cols)),
-                         shape=(len(table.types), k))
+    # Only the columns an optimum needs (:mod:`.sia_prune`); a job left with none stays idle.
+    keep = needed_columns(table.gtype, table.count, table.job, c, int(free_by_type.sum()))
+    if keep.size == 0:
+        return choice, base, 0
+    rows_of, job_row = np.unique(table.job[keep], return_inverse=True)
+    cols = np.arange(keep.size)
+    per_job = csr_array((np.ones(keep.size), (job_row, cols)), shape=(rows_of.size, keep.size))
+    per_type = csr_array((table.count[keep].astype(np.float64), (table.gtype[keep], cols)),
+                         shape=(len(table.types), keep.size))
     a = vstack([per_job, per_type], format="csc")
-    ub = np.concatenate([np.ones(num_jobs), free_by_type.astype(np.float64)])
+    ub = np.concatenate([np.ones(rows_of.size), free_by_type.astype(np.float64)])
     # Without HiGHS's feasibility-jump heuristic: it runs on a fixed budget of moves, ~11 ms a
     # program however small, and on these knapsacks the search finds the optimum without it (all
     # 2,375 programs of the 960-job Philly run chose the same; solve 20.3 → 12.8 s).
-    res = solve_binary(c, a, ub, mip_rel_gap=mip_rel_gap, time_limit_s=time_limit_s,
+    res = solve_binary(c[keep], a, ub, mip_rel_gap=mip_rel_gap, time_limit_s=time_limit_s,
                        feasibility_jump=False)
     if res.x is None:                       # nothing found (time limit before a first solution)
         return choice, base, res.status
-    x = np.rint(res.x).astype(bool)
-    chosen = np.flatnonzero(x)
+    chosen = keep[np.flatnonzero(np.rint(res.x).astype(bool))]
     choice[table.job[chosen]] = chosen
     return choice, float(base + c[chosen].sum()), res.status
 
