@@ -495,7 +495,7 @@ class User(threading.Thread):
     """One user's client: the calls of ``CALLS`` in turn, ``pause_s`` between calls."""
 
     def __init__(self, index: int, url: str, calls: Calls, spec: dict[str, Any], job_ids: list[str],
-                 pause_s: float, halt: threading.Event, seed: int) -> None:
+                 pause_s: float, halt: Any, seed: int) -> None:
         super().__init__(name=f"user-{index}", daemon=True)
         self.index, self.url, self.calls, self.spec = index, url, calls, spec
         self.job_ids, self.pause_s, self.halt = job_ids, pause_s, halt
@@ -538,7 +538,7 @@ class Reporter(threading.Thread):
     """The running jobs' agents: each job's hints once per ``period_s``, with its run's token."""
 
     def __init__(self, url: str, state: Path, calls: Calls, agents: Agents, period_s: float,
-                 halt: threading.Event) -> None:
+                 halt: Any) -> None:
         super().__init__(name="agents", daemon=True)
         self.url, self.state, self.calls, self.agents = url, state, calls, agents
         self.period_s, self.halt = period_s, halt
@@ -586,6 +586,63 @@ class Reporter(threading.Thread):
                     self.sent += 1
                     self.refused += ok is None
                     self.halt.wait(max(started + (i + 1) * gap - time.monotonic(), 0.0))
+
+
+def client_process(kind: str, options: dict[str, Any], go: Any, halt: Any, results: Any) -> None:
+    """One client (a user, or the agents) in a process of its own, as people and agents call a
+    service: with its own interpreter, parsing one answer (a full listing: ~50 ms of JSON, holding
+    that interpreter's lock) cannot hold up another client's timing. Sends ``("ready",)``, waits for
+    ``go``, runs until ``halt``, then sends its calls and counters."""
+    results.put(("ready",))
+    go.wait()
+    calls = Calls()
+    if kind == "agents":
+        agents = Reporter(calls=calls, halt=halt, **options)
+        agents.run()
+        counters = {"sent": agents.sent, "refused": agents.refused}
+    else:
+        user = User(calls=calls, halt=halt, **options)
+        user.run()
+        counters = {"submitted": user.submitted, "cancelled": user.cancelled}
+    results.put((kind, calls.rows, calls.parse, counters))
+
+
+class ClientProcesses:
+    """The agents and the users, each in a process of its own (:func:`client_process`)."""
+
+    def __init__(self, agents: dict[str, Any], users: list[dict[str, Any]]) -> None:
+        import multiprocessing
+
+        context = multiprocessing.get_context("spawn")
+        self.go, self.halt, self.results = context.Event(), context.Event(), context.Queue()
+        self.processes = [context.Process(target=client_process, name=f"client-{kind}-{i}",
+                                          args=(kind, options, self.go, self.halt, self.results))
+                          for i, (kind, options) in enumerate([("agents", agents)]
+                                                              + [("user", u) for u in users])]
+        self.counters: dict[str, int] = {"sent": 0, "refused": 0, "submitted": 0, "cancelled": 0}
+
+    def start(self) -> None:
+        """Start every client and return when all are ready to call (imports done)."""
+        for process in self.processes:
+            process.start()
+        for _ in self.processes:
+            self.results.get(timeout=120)
+        self.go.set()
+
+    def stop(self, calls: Calls) -> None:
+        """Halt the clients; add their calls to ``calls`` and their counters to :attr:`counters`."""
+        self.halt.set()
+        for _ in self.processes:
+            _, rows, parse, counters = self.results.get(timeout=180)
+            calls.rows += rows
+            calls.parse += parse
+            for key, value in counters.items():
+                self.counters[key] += value
+        for process in self.processes:
+            process.join(timeout=30)
+            if process.is_alive():
+                process.kill()
+                process.join()
 
 
 def overlapping(sent: float, seconds: float, rounds: list[tuple[float, float]]) -> bool:
@@ -664,21 +721,34 @@ def run(args: argparse.Namespace, work: Path, out: dict[str, Any]) -> None:
             every = [j["id"] for j in http.get("/v1/jobs").json()]
             cpu0 = proc_cpu_s(service.pid)
             calls = Calls()
-            measure_start = time.time()
-            reporter = Reporter(url, state, calls, agents, args.hints_period, halt)
-            threads.append(reporter)
             spec = job_spec(entrypoint, min_gpus)
-            users = [User(i, url, calls, spec, every, args.pause, halt, args.seed + i)
-                     for i in range(args.clients)]
-            threads += users
-            for th in threads:
-                th.start()
+            agents_options = {"url": url, "state": state, "agents": agents, "period_s": args.hints_period}
+            users_options = [{"index": i, "url": url, "spec": spec, "job_ids": every, "pause_s": args.pause,
+                              "seed": args.seed + i} for i in range(args.clients)]
+            clients = None if args.client_threads else ClientProcesses(agents_options, users_options)
+            if clients is not None:
+                clients.start()
+            measure_start = time.time()
+            if clients is None:
+                reporter = Reporter(calls=calls, halt=halt, **agents_options)
+                users = [User(calls=calls, halt=halt, **u) for u in users_options]
+                threads += [reporter, *users]
+                for th in threads:
+                    th.start()
             log(f"measuring for {args.duration:.0f} s: {args.clients} user(s), agents' hints every "
-                f"{args.hints_period:.0f} s per running job, rounds every {args.interval:g} s")
+                f"{args.hints_period:.0f} s per running job, rounds every {args.interval:g} s; clients in "
+                f"{'threads of this process' if clients is None else 'processes of their own'}")
             halt.wait(args.duration)
             halt.set()
-            for th in threads:
-                th.join(timeout=180)
+            if clients is not None:
+                clients.stop(calls)
+                counters = clients.counters
+            else:
+                for th in threads:
+                    th.join(timeout=180)
+                counters = {"sent": reporter.sent, "refused": reporter.refused,
+                            "submitted": sum(u.submitted for u in users),
+                            "cancelled": sum(u.cancelled for u in users)}
             measure_end = time.time()
             cpu1 = proc_cpu_s(service.pid)
             out["running_at_end"] = len(http.get("/v1/jobs", params={"state": "running"}).json())
@@ -725,9 +795,9 @@ def run(args: argparse.Namespace, work: Path, out: dict[str, Any]) -> None:
                      for n in names}
     out["refused"] = {n: sum(1 for c, _, _, st in calls.rows if c == n and 400 <= st < 500) for n in names}
     out["calls_per_s"] = round(len(calls.rows) / wall, 1) if wall > 0 else None
-    out["submitted"] = sum(u.submitted for u in users)
-    out["cancelled"] = sum(u.cancelled for u in users)
-    out["hints_sent"] = reporter.sent
+    out["submitted"] = counters["submitted"]
+    out["cancelled"] = counters["cancelled"]
+    out["hints_sent"] = counters["sent"]
     out["service_cpu_s_per_s"] = (round((cpu1 - cpu0) / wall, 2)
                                   if cpu0 is not None and cpu1 is not None and wall > 0 else None)
     out["service_rss_mib"] = {"peak": round(sampler.hwm_kib / 1024, 1),
@@ -774,6 +844,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--policy", default="pollux")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--keep", action="store_true", help="keep the temporary folder")
+    p.add_argument("--client-threads", action="store_true",
+                   help="run the users and the agents as threads of this process (before 2026-11-30: "
+                        "one client's JSON parsing then delays the others' timings)")
     p.add_argument("--serve", metavar="STATE_DIR", help=argparse.SUPPRESS)   # the service child
     p.add_argument("--stop-grace", type=float, default=5.0, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
@@ -793,7 +866,8 @@ def main(argv: list[str] | None = None) -> int:
                            "queued_target": args.queued, "nodes": args.nodes,
                            "gpus_per_node": args.gpus_per_node, "gpus": args.nodes * args.gpus_per_node,
                            "policy": args.policy, "interval_s": args.interval, "clients": args.clients,
-                           "pause_s": args.pause, "hints_period_s": args.hints_period, "quick": args.quick}
+                           "pause_s": args.pause, "hints_period_s": args.hints_period, "quick": args.quick,
+                           "clients_in": "threads" if args.client_threads else "processes"}
     started = time.perf_counter()
     code = 0
     try:
