@@ -188,6 +188,22 @@ def test_replicas(store):
     assert store.add_service("a", 12.5) == 12.5
 
 
+def test_service_added_to_many_jobs_in_one_write_or_not_at_all(store):
+    for jid in ("a", "b", "c"):
+        store.submit(SPEC, job_id=jid)
+    store.add_service("a", 1.0)
+    store.add_services({"a": 2.5, "b": 4.0})
+    store.add_services({})
+    assert [store.get_job(j).attained_service for j in ("a", "b", "c")] == [3.5, 4.0, 0.0]
+    with pytest.raises(KeyError, match="nope"):
+        store.add_services({"c": 1.0, "nope": 1.0})
+    with pytest.raises(ValueError, match=r"gpu_seconds\['b'\]"):
+        store.add_services({"c": 1.0, "b": float("nan")})
+    with pytest.raises(ValueError, match="finite non-negative"):
+        store.add_services({"b": -1.0})
+    assert [store.get_job(j).attained_service for j in ("a", "b", "c")] == [3.5, 4.0, 0.0]
+
+
 def test_persistence_across_reopen_and_processes(tmp_path):
     path = tmp_path / "jobs.db"
     with JobStore(path) as s:
