@@ -28,10 +28,15 @@ Once the running jobs are up, for ``--duration`` seconds, with rounds every ``--
 * the *agents*: one thread sends ``PUT /v1/jobs/{id}/hints`` for every running job once per
   ``--hints-period`` seconds (the agent's ~30 s), with the job's own token (the one the controller
   issued to its run) and a ``current`` configuration, as ``pollux.torch.reporting`` does;
-* the *users*: ``--clients`` threads, each calling in turn, with ``--pause`` seconds between calls:
+* the *users*: ``--clients`` of them, each calling in turn, with ``--pause`` seconds between calls:
   list every job (``GET /v1/jobs``, what ``pollux ls`` asks), list the running ones, describe a
   random job (``GET /v1/jobs/{id}``), submit a job, cancel one this benchmark submitted, and the
   nodes view (``GET /v1/cluster``, ``pollux nodes``).
+
+The agents and each user run in a process of their own (``spawn``), as agents and people call a
+service; ``--client-threads`` runs them as threads of this process instead, as before 2026-11-30 —
+then one client's parsing of a full listing (~50 ms of ``json.loads``, holding that interpreter's
+lock) delays the timing of the others' calls, which the service did not cause.
 
 Reported (``--json``: one object on stdout; progress on stderr):
 
