@@ -68,6 +68,7 @@ from pollux.cluster.control.recovery import recover_runs
 from pollux.cluster.control.round_gate import RoundGate
 from pollux.cluster.control.runners import Runner, default_runners
 from pollux.cluster.control.scheduler import Scheduler
+from pollux.cluster.control.service_accounting import held_before_round, unaccounted
 from pollux.cluster.state.lifecycle import ACTIVE_STATES, JobState
 from pollux.cluster.state.store import JobRecord, JobStore
 from pollux.policy.base import Cluster
@@ -211,24 +212,11 @@ class Controller:
             self.request_round()   # move the drained nodes' jobs now, not a round interval later
 
     def account(self, group: Group, now: float) -> None:
-        """Add the GPU-seconds the group held since it was last accounted to its job's service.
-
-        Done before every round (the policies read attained service; there for all groups in one
-        write, :meth:`unaccounted`) and when the group is asked to stop, not every tick, so the store
-        is not written twice a second per running job."""
-        seconds = self.unaccounted(group, now)
+        """Credit the GPU-seconds the group held since it was last credited to its job's service
+        (:mod:`.service_accounting`; before a round, all groups at once)."""
+        seconds = unaccounted(group, now)
         if seconds > 0:
             self.store.add_service(group.job_id, seconds)
-
-    @staticmethod
-    def unaccounted(group: Group, now: float) -> float:
-        """The GPU-seconds the group held since it was last accounted (0 for a cleanup group), now
-        counted as accounted: the caller adds them to the job's service."""
-        start = group.accounted if group.accounted is not None else group.started
-        group.accounted = max(now, start)
-        if now > start and not group.cleanup:
-            return (now - start) * sum(group.placement.values())
-        return 0.0
 
     # ------------------------------------------------------------------ what runners may ask (RunControl)
 
@@ -264,10 +252,7 @@ class Controller:
                 mono = self.monotonic()
                 self.not_before = {k: t for k, t in self.not_before.items() if t > mono}
                 self.launches.forget_waiting(active)
-                # One write for every running job's service (not one transaction each: a thousand
-                # of them in a row kept the API's calls waiting for the store).
-                held = {g.job_id: self.unaccounted(g, now) for g in self.groups.values() if not g.stopping}
-                self.store.add_services({jid: s for jid, s in held.items() if s > 0})
+                self.store.add_services(held_before_round(self.groups.values(), now))
                 self.run_round(now)
             elif self.fleet is not None and self.fleet.unsettled:
                 self.follow_fleet()
