@@ -620,7 +620,8 @@ class ClientProcesses:
 
         context = multiprocessing.get_context("spawn")
         self.go, self.halt, self.results = context.Event(), context.Event(), context.Queue()
-        self.processes = [context.Process(target=client_process, name=f"client-{kind}-{i}",
+        # Daemons: whatever happens to this process, its clients do not outlive it.
+        self.processes = [context.Process(target=client_process, name=f"client-{kind}-{i}", daemon=True,
                                           args=(kind, options, self.go, self.halt, self.results))
                           for i, (kind, options) in enumerate([("agents", agents)]
                                                               + [("user", u) for u in users])]
@@ -631,23 +632,43 @@ class ClientProcesses:
         for process in self.processes:
             process.start()
         for _ in self.processes:
-            self.results.get(timeout=120)
+            self._next("start", timeout_s=120)
         self.go.set()
 
     def stop(self, calls: Calls) -> None:
         """Halt the clients; add their calls to ``calls`` and their counters to :attr:`counters`."""
         self.halt.set()
-        for _ in self.processes:
-            _, rows, parse, counters = self.results.get(timeout=180)
-            calls.rows += rows
-            calls.parse += parse
-            for key, value in counters.items():
-                self.counters[key] += value
+        try:
+            for _ in self.processes:
+                _, rows, parse, counters = self._next("report", timeout_s=180)
+                calls.rows += rows
+                calls.parse += parse
+                for key, value in counters.items():
+                    self.counters[key] += value
+        finally:
+            self.close()
+
+    def close(self) -> None:
+        """Stop every client still running (a no-op once they have ended)."""
+        self.halt.set()
         for process in self.processes:
+            if process.pid is None:
+                continue                    # never started
             process.join(timeout=30)
             if process.is_alive():
                 process.kill()
                 process.join()
+
+    def _next(self, what: str, timeout_s: float) -> Any:
+        """The next message of a client; a clear error when a client died or did not answer."""
+        import queue
+
+        try:
+            return self.results.get(timeout=timeout_s)
+        except queue.Empty:
+            dead = [f"{p.name} (exit {p.exitcode})" for p in self.processes if p.exitcode is not None]
+            raise RuntimeError(f"client processes: no {what} message within {timeout_s:.0f} s; "
+                               f"ended: {', '.join(dead) or 'none'}") from None
 
 
 def overlapping(sent: float, seconds: float, rounds: list[tuple[float, float]]) -> bool:
@@ -709,6 +730,7 @@ def run(args: argparse.Namespace, work: Path, out: dict[str, Any]) -> None:
     sampler = Sampler(service.pid)
     halt = threading.Event()
     threads: list[threading.Thread] = []
+    clients: ClientProcesses | None = None
     try:
         deadline = time.monotonic() + 120
         while not (state / "service.json").exists():
@@ -764,6 +786,8 @@ def run(args: argparse.Namespace, work: Path, out: dict[str, Any]) -> None:
         out["store"]["mib"] = round(sum(out["store"]["bytes"].values()) / 2**20, 1)
     finally:
         halt.set()
+        if clients is not None:
+            clients.close()
         sampler.halt.set()
         if service.poll() is None:
             service.send_signal(signal.SIGTERM)

@@ -191,6 +191,7 @@ class SimJob:
         placement) and :meth:`advance` (a round on GPUs) change; so while neither has, the view of
         the last round is the answer with the new age. At 2,000 jobs on 64 GPUs most jobs queue for
         hours, and building their views afresh (models, limits per type) was 18 % of the run.
+        Successive views share the same allocation and per-type dicts: views are read-only.
         """
         memo = self._view_memo
         if memo is None or memo[0] != self._changes or memo[1] is not cluster:
