@@ -70,6 +70,7 @@ from pollux.policy.registry import make_policy
 from pollux.sim.engine import SimConfig, SimResult, sia_slowdown, simulate
 from pollux.sim.fleet import CloudConfig, CloudFleet, TypedCloudConfig
 from pollux.sim.profiles import AppProfile, load_profiles
+from pollux.sim.scaling_bound import bound_at, epoch_rates, epoch_work
 from pollux.sim.typed_profiles import load_typed_profiles
 from pollux.sim.workload import WorkloadJob, read_workload
 
@@ -185,9 +186,33 @@ def section_one_job(args: argparse.Namespace, profiles: dict[str, AppProfile]) -
         "ok_completion_ratio": bool(ratio <= ONE_JOB_TARGETS["completion_ratio"]),
     }
     out["ok"] = out["ok_node_hours_reduction"] and out["ok_completion_ratio"]
+    out["clairvoyant"] = clairvoyant_figures(profiles[app], cloud, t)
     out["plot"] = str(plot_one_job(series, job, args.plots)) if args.plots else None
     out["seconds"] = round(time.perf_counter() - started, 1)
     return out
+
+
+def clairvoyant_figures(profile: AppProfile, cloud: CloudConfig,
+                        throughput: dict[str, Any]) -> dict[str, Any]:
+    """The most any autoscaler could save on this job at the completion target: the node-hours no
+    schedule finishing within ``completion_ratio`` × the throughput arm's completion can go below,
+    for a job that knows its true profile (:mod:`pollux.sim.scaling_bound`), against the throughput
+    arm's node-hours. Below the reduction target, no rule can meet both one-job targets."""
+    limit_h = ONE_JOB_TARGETS["completion_ratio"] * throughput["completion_h"]
+    rates = epoch_rates(profile, cloud.max_nodes, cloud.gpus_per_node)
+    bound = bound_at(rates, epoch_work(profile), limit_h * 3600.0, start_nodes=cloud.start_nodes,
+                     restart_s=SimConfig().restart_delay, provision_s=cloud.provision_delay_s)
+    lower = bound.node_seconds_bound / 3600.0
+    reduction = 1.0 - lower / throughput["node_hours"]
+    best = bound.cheapest
+    return {
+        "completion_limit_h": limit_h, "node_hours_lower_bound": lower,
+        "max_node_hours_reduction": reduction,
+        "target_reachable": bool(reduction >= ONE_JOB_TARGETS["node_hours_reduction"]),
+        "cheapest_schedule": None if best is None else {
+            "node_hours": best.node_seconds / 3600.0, "completion_h": best.completion_s / 3600.0,
+            "nodes_from_epoch": [list(p) for p in best.change_points()]},
+    }
 
 
 def plot_one_job(series: dict[str, dict[str, Any]], job: WorkloadJob, out_dir: Path) -> Path:
@@ -601,6 +626,10 @@ def print_summary(result: dict[str, Any], sections: Sequence[str]) -> None:
                               ("completion_ratio", "<=", s["ok_completion_ratio"])):
             print(f"  {key:20s} {s[key]:.3f} (target {sign} {s['targets'][key]}): "
                   f"{'ok' if ok else 'MISSED'}")
+        c = s["clairvoyant"]
+        print(f"  clairvoyant bound: within {c['completion_limit_h']:.2f} h no schedule uses fewer than "
+              f"{c['node_hours_lower_bound']:.2f} node-hours: a reduction of at most "
+              f"{c['max_node_hours_reduction']:.3f}")
     if "workload" in sections:
         s = result["workload"]
         ref = s["reference_arm"]

@@ -19,6 +19,8 @@ from pathlib import Path
 import pytest
 
 from bench_scripts import load_script
+from pollux.sim.profiles import load_profile
+from pollux.sim.scaling_bound import bound_at, epoch_rates, epoch_work
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "benchmarks" / "autoscale.py"
@@ -73,6 +75,27 @@ def test_exit_status_and_flags_follow_the_figures(toy):
     assert rep["ok"] == (one["ok"] and wl["ok"])
     assert proc.returncode == (0 if rep["ok"] else 1)
     assert "one_job: arm goodput" in proc.stderr and "workload: arm 1/" in proc.stderr   # progress
+
+
+@needs_data
+def test_no_arm_beats_the_clairvoyant_bound(toy):
+    """The bound the section reports, and that it holds for the simulator's own runs: neither arm
+    finished by its completion time on fewer node-hours than the bound allows there."""
+    _, rep, _ = toy
+    one = rep["one_job"]
+    c, t = one["clairvoyant"], one["arms"]["throughput"]
+    assert c["completion_limit_h"] == pytest.approx(1.06 * t["completion_h"])
+    assert c["max_node_hours_reduction"] == pytest.approx(1 - c["node_hours_lower_bound"] / t["node_hours"])
+    assert c["target_reachable"] == (c["max_node_hours_reduction"] >= 0.25)
+    best = c["cheapest_schedule"]
+    assert best is not None
+    assert best["completion_h"] <= c["completion_limit_h"]
+    assert best["node_hours"] >= c["node_hours_lower_bound"] - 1e-9
+    profile = load_profile(DATA / "traces" / APP)
+    rates, work = epoch_rates(profile, MAX_NODES, 4), epoch_work(profile)
+    for arm in one["arms"].values():
+        bound = bound_at(rates, work, arm["completion_h"] * 3600.0, start_nodes=1, provision_s=120.0)
+        assert bound.node_seconds_bound / 3600.0 <= arm["node_hours"] + 1e-9
 
 
 @needs_data

@@ -67,6 +67,7 @@ __all__ = [
     "load_profile",
     "load_profiles",
     "placement_key",
+    "placement_shape",
 ]
 
 CACHE_SIZE = 1 << 16
@@ -107,7 +108,7 @@ def placement_key(row: Sequence[int] | np.ndarray | str) -> str:
     return ",".join(map(str, values))
 
 
-def _key_shape(key: str) -> tuple[int, int]:
+def placement_shape(key: str) -> tuple[int, int]:
     """(nodes, replicas) of a placement key."""
     parts = key.split(",") if "," in key else list(key)
     return len(parts), sum(int(p) for p in parts)
@@ -182,7 +183,7 @@ class AppProfile:
         s_lbs, s_step, s_sync = (np.asarray(a, dtype=np.float64) for a in scalability_rows[2:])
         if not (len(s_nodes) == len(s_reps) == len(s_lbs) == len(s_step) == len(s_sync)):
             raise ValueError(f"{name}: scalability row arrays differ in length")
-        shapes = [_key_shape(k) for k in raw_keys]
+        shapes = [placement_shape(k) for k in raw_keys]
         self._rows = tuple(
             _ro(a)
             for a in (
@@ -278,7 +279,7 @@ class AppProfile:
             xs, st, sy, lo, hi = entry
             if lo <= m <= hi:
                 return float(np.interp(m, xs, st)), float(np.interp(m, xs, sy))
-        nodes, replicas = _key_shape(key)
+        nodes, replicas = placement_shape(key)
         return self._nk_cached(nodes, replicas, m)
 
     def step_time_nk(self, nodes: int, replicas: int, local_bsz: float) -> tuple[float, float]:
