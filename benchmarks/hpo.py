@@ -58,9 +58,12 @@ from typing import Any
 import numpy as np
 import optuna
 
+from pollux.sim.engine import SimConfig
 from pollux.sim.hpo import PRUNERS, HpoConfig, HpoResult, result_dict, run_study
 from pollux.sim.hpo_space import EPOCH_NOISE, FLOOR, PEAK, RUN_NOISE, SPACE, Surface
 from pollux.sim.profiles import AppProfile, default_metadata, load_profiles
+from pollux.sim.scaling_bound import epoch_work, gpu_rates
+from pollux.sim.study_bound import makespan_bound, mean_jct_bound
 
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_DATA = REPO.parent / "shared" / "data" / "pollux-osdi21"
@@ -127,6 +130,27 @@ def variant_figures(pruner: str, studies: dict[str, list[HpoResult]]) -> dict[st
                       for arm, runs in studies.items()},
         "pruned_trials": {arm: spread([float(r.pruned) for r in runs]) for arm, runs in studies.items()},
         "best": best_comparison(best_p, best_s) if best_p and best_s else None,
+    }
+
+
+def clairvoyant_figures(args: argparse.Namespace, profile: AppProfile,
+                        static: list[HpoResult]) -> dict[str, Any]:
+    """The most any scheduler could gain over the static arm on this protocol without pruning: lower
+    bounds on the makespan and the mean trial JCT of trials that know their true profile
+    (:mod:`pollux.sim.study_bound`), against the static arm's figures seed by seed. Below a target,
+    no scheduler can meet it."""
+    rates = gpu_rates(profile, args.gpus, GPUS_PER_NODE)
+    work = epoch_work(profile)
+    restart = SimConfig().restart_delay
+    makespan = makespan_bound(rates, work, args.trials, args.concurrent, restart)
+    jct = mean_jct_bound(rates, work, args.trials, args.concurrent, restart)
+    most_makespan = float(np.mean([reduction(makespan, r.makespan) for r in static]))
+    most_jct = float(np.mean([reduction(jct, r.mean_jct) for r in static]))
+    return {
+        "makespan_lower_bound_h": makespan / 3600.0, "mean_jct_lower_bound_min": jct / 60.0,
+        "max_makespan_reduction": most_makespan, "max_mean_jct_reduction": most_jct,
+        "makespan_target_reachable": bool(most_makespan >= TARGETS["makespan_reduction"]),
+        "mean_jct_target_reachable": bool(most_jct >= TARGETS["mean_jct_reduction"]),
     }
 
 
@@ -362,6 +386,8 @@ def main(argv: list[str] | None = None) -> int:
             "extra_makespan_reduction": pruned["makespan_reduction"] - plain["makespan_reduction"],
             "extra_mean_jct_reduction": pruned["mean_jct_reduction"] - plain["mean_jct_reduction"],
         }
+    if "none" in runs:
+        result["clairvoyant"] = clairvoyant_figures(args, profiles[args.application], runs["none"]["static"])
     if args.sensitivity and "none" in runs:
         result["static_batch_sensitivity"] = sensitivity(args, profiles, runs["none"]["pollux"])
     title = (f"HPO replay: TPE, {args.trials} trials, {args.concurrent} at a time, {args.gpus} GPUs, "
@@ -389,6 +415,11 @@ def print_summary(result: dict[str, Any]) -> None:
               f"mean_jct_reduction {v['mean_jct_reduction']:.3f}")
     for key, ok in (("makespan_reduction", result["ok_makespan"]), ("mean_jct_reduction", result["ok_jct"])):
         print(f"  {key} {result[key]:.3f} (target >= {result['targets'][key]}): {'ok' if ok else 'MISSED'}")
+    if "clairvoyant" in result:
+        c = result["clairvoyant"]
+        print(f"  clairvoyant bound (no pruning): makespan >= {c['makespan_lower_bound_h']:.2f} h, "
+              f"mean JCT >= {c['mean_jct_lower_bound_min']:.1f} min: reductions of at most "
+              f"{c['max_makespan_reduction']:.3f} and {c['max_mean_jct_reduction']:.3f}")
     best = result["best"]
     if best is not None:
         print(f"  best objective: pollux {best['pollux']['mean']:.4f}, static {best['static']['mean']:.4f}, "

@@ -81,6 +81,26 @@ def test_the_reductions_are_the_arms_figures_averaged_over_seeds(toy):
 
 
 @needs_data
+def test_no_study_beats_the_clairvoyant_bound(toy):
+    """The bounds the benchmark reports, and that they hold for the simulator's own unpruned studies:
+    no arm's makespan or mean trial JCT is below them, in any seed."""
+    _, rep, _ = toy
+    c = rep["clairvoyant"]
+    plain = rep["variants"]["none"]["arms"]
+    static = plain["static"]
+    assert c["max_makespan_reduction"] == pytest.approx(
+        np.mean([1 - c["makespan_lower_bound_h"] / s["makespan_h"] for s in static]))
+    assert c["max_mean_jct_reduction"] == pytest.approx(
+        np.mean([1 - c["mean_jct_lower_bound_min"] / s["mean_jct_min"] for s in static]))
+    assert c["makespan_target_reachable"] == (c["max_makespan_reduction"] >= 0.30)
+    assert c["mean_jct_target_reachable"] == (c["max_mean_jct_reduction"] >= 0.25)
+    for runs in plain.values():
+        for r in runs:
+            assert r["makespan_h"] >= c["makespan_lower_bound_h"] - 1e-9
+            assert r["mean_jct_min"] >= c["mean_jct_lower_bound_min"] - 1e-9
+
+
+@needs_data
 def test_the_best_objective_verdict_is_two_standard_errors(toy):
     _, rep, _ = toy
     for v in rep["variants"].values():

@@ -13,7 +13,7 @@ import pytest
 from pollux.goodput.efficiency import gain_of
 from pollux.goodput.model import accumulation_plan, batch_candidates
 from pollux.sim.profiles import load_profile
-from pollux.sim.scaling_bound import bound_at, cheapest_schedule, epoch_rates, epoch_work
+from pollux.sim.scaling_bound import bound_at, cheapest_schedule, epoch_rates, epoch_work, gpu_rates
 
 ROOT = Path(__file__).resolve().parents[1]
 TRACES = ROOT.parent / "shared" / "data" / "pollux-osdi21" / "traces"
@@ -137,3 +137,14 @@ def test_rates_are_the_best_placement_on_so_many_nodes():
     assert np.all(rates[:, 2] >= rates[:, 1])
     work = epoch_work(profile)
     assert work.sum() == pytest.approx(profile.completion_progress)
+
+
+@pytest.mark.skipif(not (TRACES / "deepspeech2").is_dir(), reason=f"shared data not found at {TRACES}")
+def test_gpu_rates_are_the_best_placement_of_so_many_gpus():
+    profile = load_profile(TRACES / "deepspeech2")
+    rates = gpu_rates(profile, 6, 4)                      # a cluster of 2 nodes, 6 GPUs used at most
+    assert rates.shape == (profile.meta.epochs, 7)
+    per_row = {tuple(row): direct_rates(profile, row) for row in rows_on(2, 4)}
+    for k in range(1, 7):
+        best = np.max([r for row, r in per_row.items() if sum(row) <= k], axis=0)
+        np.testing.assert_allclose(rates[:, k], best, rtol=1e-9)

@@ -37,7 +37,8 @@ from pollux.goodput.efficiency import gain
 from pollux.goodput.model import accumulation_plan, batch_candidates
 from pollux.sim.profiles import AppProfile, placement_shape
 
-__all__ = ["ScalingBound", "Schedule", "bound_at", "cheapest_schedule", "epoch_rates", "epoch_work"]
+__all__ = ["ScalingBound", "Schedule", "bound_at", "cheapest_schedule", "epoch_rates", "epoch_work",
+           "gpu_rates"]
 
 #: Weights μ tried by :func:`bound_at`, in node-seconds per second of completion.
 DEFAULT_WEIGHTS = np.geomspace(1e-2, 1e4, 241)
@@ -108,15 +109,12 @@ def _run_rates(profile: AppProfile, nodes: np.ndarray, replicas: np.ndarray,
     return out
 
 
-def epoch_rates(profile: AppProfile, max_nodes: int, gpus_per_node: int) -> np.ndarray:
-    """True best progress per second of the job on at most ``N`` nodes, in each epoch.
-
-    Shape (epochs, max_nodes + 1); column 0 (no node) is 0. Every placement the simulator could give
-    the job on ``N`` nodes is tried: each (nodes, GPUs) shape at the profile's interpolation, and each
+def _shape_rates(profile: AppProfile, max_nodes: int, gpus_per_node: int
+                 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(nodes, GPUs, best rate per epoch) of every placement the simulator could give the job on at
+    most ``max_nodes`` nodes: each (nodes, GPUs) shape at the profile's interpolation, and each
     measured placement at its measured step times. A spread placement is sometimes faster in the
-    profiles than a packed one, and a node may be left partly idle, so packed full nodes alone would
-    not bound every schedule.
-    """
+    profiles than a packed one, so packed placements alone would not bound every schedule."""
     shapes = [(n, k) for n in range(1, max_nodes + 1) for k in range(n, n * gpus_per_node + 1)]
     nodes = np.array([n for n, _ in shapes], dtype=np.float64)
     replicas = np.array([k for _, k in shapes], dtype=np.float64)
@@ -132,10 +130,30 @@ def epoch_rates(profile: AppProfile, max_nodes: int, gpus_per_node: int) -> np.n
                               lambda i, m: tuple(np.array(v) for v in zip(
                                   *(profile.step_time(keys[i], float(x)) for x in m), strict=True)))
         nodes = np.concatenate([nodes, key_nodes])
+        replicas = np.concatenate([replicas, key_replicas])
         by_shape = np.concatenate([by_shape, measured])
+    return nodes, replicas, by_shape
+
+
+def epoch_rates(profile: AppProfile, max_nodes: int, gpus_per_node: int) -> np.ndarray:
+    """True best progress per second of the job on at most ``N`` nodes, in each epoch.
+
+    Shape (epochs, max_nodes + 1); column 0 (no node) is 0. Every placement on at most ``N`` nodes is
+    tried (a node may be left partly idle)."""
+    nodes, _, by_shape = _shape_rates(profile, max_nodes, gpus_per_node)
     rates = np.zeros((profile.meta.epochs, max_nodes + 1))
     for n in range(1, max_nodes + 1):
         rates[:, n] = by_shape[nodes <= n].max(axis=0)
+    return rates
+
+
+def gpu_rates(profile: AppProfile, max_gpus: int, gpus_per_node: int) -> np.ndarray:
+    """True best progress per second of the job on at most ``k`` GPUs of a cluster of ``max_gpus``
+    (nodes of ``gpus_per_node``), in each epoch: shape (epochs, max_gpus + 1), column 0 is 0."""
+    _, replicas, by_shape = _shape_rates(profile, -(-max_gpus // gpus_per_node), gpus_per_node)
+    rates = np.zeros((profile.meta.epochs, max_gpus + 1))
+    for k in range(1, max_gpus + 1):
+        rates[:, k] = by_shape[replicas <= k].max(axis=0)
     return rates
 
 
