@@ -108,7 +108,7 @@ def direct_rates(profile, row: list[int]) -> np.ndarray:
     limits = meta.limits(accumulation=True)
     k = sum(row)
     best = np.zeros(meta.epochs)
-    for batch in batch_candidates(k, limits)[0][0]:
+    for batch in [*batch_candidates(k, limits)[0][0], min(meta.init_batch_size * k, meta.max_batch_size)]:
         total, local, accum, fits = (float(x) for x in accumulation_plan(batch, k, limits))
         if not fits:
             continue

@@ -11,8 +11,8 @@ constrained than any real one, so no real schedule can beat it:
   in the middle of an epoch never beats the same change at one of its ends (the cost is linear in
   where the switch falls);
 * at each ``N`` and epoch it runs the configuration with the highest *true* progress rate: the batch
-  candidates of SPEC §4, the profile's step times, the efficiency at the candidate batch. That is the
-  best any fitted model could choose;
+  candidates of SPEC §4 and the initial batch on every GPU, the profile's step times, the efficiency
+  at the candidate batch. That is the best any fitted model could choose;
 * each change of size, and the first start, costs ``restart_s`` without progress, billed at the new
   size only; each added node is billed ``provision_s`` before it runs (asked for ahead, so the job
   never waits for it);
@@ -88,12 +88,15 @@ def _run_rates(profile: AppProfile, nodes: np.ndarray, replicas: np.ndarray,
                local_step: Callable) -> np.ndarray:
     """Best true progress rate per epoch of each placement shape, shape (shapes, epochs).
 
-    ``local_step(i, m)`` gives (step, sync) of shape ``i`` at local batches ``m`` (shape (50,)); each
-    shape tries the SPEC §4 batch candidates for its replica count, with the efficiency at each
-    candidate's batch."""
+    ``local_step(i, m)`` gives (step, sync) of shape ``i`` at local batches ``m`` (shape (51,)); each
+    shape tries the SPEC §4 batch candidates for its replica count (what a Pollux job chooses from)
+    and the initial batch on every GPU (what a job with a fixed batch per GPU runs, Or et al.'s and
+    a static trial's), with the efficiency at each candidate's batch."""
     meta = profile.meta
     limits = meta.limits(accumulation=True)
     cand, ok = batch_candidates(replicas, limits)
+    per_gpu = np.minimum(meta.init_batch_size * replicas, float(limits.max_batch))
+    cand = np.concatenate([cand, per_gpu[:, None]], axis=1)
     total, local, accum, fits = accumulation_plan(cand, replicas[:, None], limits)
     out = np.zeros((nodes.size, meta.epochs))
     for i in np.flatnonzero(ok):
