@@ -91,6 +91,9 @@ def test_no_arm_beats_the_clairvoyant_bound(toy):
     assert best is not None
     assert best["completion_h"] <= c["completion_limit_h"]
     assert best["node_hours"] >= c["node_hours_lower_bound"] - 1e-9
+    times = [h for h, _ in best["nodes_over_time"]]
+    assert times[0] == 0.0 and times == sorted(times) and times[-1] < best["completion_h"]
+    assert [n for _, n in best["nodes_over_time"]] == [n for _, n in best["nodes_from_epoch"]]
     profile = load_profile(DATA / "traces" / APP)
     rates, work = epoch_rates(profile, MAX_NODES, 4), epoch_work(profile)
     for arm in one["arms"].values():

@@ -65,6 +65,11 @@ def test_dynamic_programme_is_exact(seed):
         assert schedule.node_seconds + weight * schedule.completion_s == pytest.approx(value, rel=1e-12)
         path = {p: (s, ns) for p, s, ns in every}[schedule.nodes]
         assert path == pytest.approx((schedule.completion_s, schedule.node_seconds), rel=1e-12)
+        # each epoch starts once the one before it has run (and the change's restart is paid within it)
+        starts = schedule.starts
+        assert starts[0] == 0.0 and len(starts) == len(schedule.nodes)
+        assert all(a < b for a, b in itertools.pairwise(starts)) and starts[-1] < schedule.completion_s
+        assert [n for _, n in schedule.change_times()] == [n for _, n in schedule.change_points()]
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2, 3])

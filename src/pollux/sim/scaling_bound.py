@@ -46,15 +46,21 @@ DEFAULT_WEIGHTS = np.geomspace(1e-2, 1e4, 241)
 
 @dataclass(frozen=True)
 class Schedule:
-    """Nodes per epoch, and what running it costs and takes under the bound's accounting."""
+    """Nodes per epoch, and what running it costs and takes under the bound's accounting
+    (``starts``: the second each epoch begins, its restart included)."""
 
     nodes: tuple[int, ...]
     completion_s: float
     node_seconds: float
+    starts: tuple[float, ...] = ()
 
     def change_points(self) -> list[tuple[int, int]]:
         """``(epoch, nodes)`` at the first epoch and wherever the size changes."""
         return [(e, n) for e, n in enumerate(self.nodes) if e == 0 or n != self.nodes[e - 1]]
+
+    def change_times(self) -> list[tuple[float, int]]:
+        """``(seconds, nodes)`` at the start and wherever the size changes."""
+        return [(self.starts[e], n) for e, n in self.change_points()]
 
 
 @dataclass(frozen=True)
@@ -174,7 +180,9 @@ def _evaluate(path: tuple[int, ...], rates: np.ndarray, work: np.ndarray, start_
     seconds = 0.0
     node_seconds = 0.0
     previous = start_nodes
+    starts = []
     for e, n in enumerate(path):
+        starts.append(seconds)
         if e == 0 or n != previous:
             seconds += restart_s
             node_seconds += n * restart_s + max(n - previous, 0) * provision_s
@@ -182,7 +190,7 @@ def _evaluate(path: tuple[int, ...], rates: np.ndarray, work: np.ndarray, start_
         seconds += run
         node_seconds += n * run
         previous = n
-    return Schedule(tuple(int(n) for n in path), seconds, node_seconds)
+    return Schedule(tuple(int(n) for n in path), seconds, node_seconds, tuple(starts))
 
 
 def cheapest_schedule(rates: np.ndarray, work: np.ndarray, weight: float, *, start_nodes: int = 1,
