@@ -43,6 +43,14 @@ def test_litz_ooc_quick_json_has_the_issue_figures() -> None:
         assert runs[name]["bytes_read"] > 0 and runs[name]["work_s"] > 0, name
     assert runs["litz"]["prefetches"] > 0 and runs["lru"]["prefetches"] == 0
     assert runs["litz"]["reloads"] < runs["lru"]["reloads"]
+    # The ceiling: every policy loads at least E - B executors an iteration, which litz's count obeys,
+    # and no policy gains more than 1 + lru's loads / that many over lru.
+    sizes = rep["sizes"]
+    fewest = rep["fewest_loads_per_iteration"]
+    assert fewest == sizes["executors"] - rep["budget_bytes"] // rep["executor_bytes"] >= 1
+    assert runs["litz"]["reloads"] >= fewest * (sizes["iterations"] - 1)
+    assert rep["lru_loads_per_iteration"] == runs["lru"]["reloads"] / sizes["iterations"]
+    assert 0.0 < rep["speedup_ceiling"] <= 1.0 + rep["lru_loads_per_iteration"] / fewest + 1e-9
     assert set(rep["targets"]) == {"identical_results", "vs_in_memory_le_2", "speedup_vs_baseline_ge_3",
                                    "peak_within_budget_plus_10pct"}
 
