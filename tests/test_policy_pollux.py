@@ -27,6 +27,7 @@ from pollux.policy.base import (
     with_allocation,
 )
 from pollux.policy.pollux import FillState, PolluxPolicy, _utility
+from pollux.policy.pollux import fill as fill_module
 from pollux.policy.pollux.fill import best_option, greedy, place_growth
 from pollux.policy.pollux.local import local_search
 
@@ -212,6 +213,29 @@ def test_greedy_and_local_search_stay_feasible(seed: int) -> None:
     over = prob.cur.copy()
     over[:, 0] += prob.cap[0] + 1
     assert not prob.feasible(over)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_a_repeated_fill_is_answered_from_the_memo_as_a_fresh_fill_would(seed: int, monkeypatch) -> None:
+    """greedy remembers its fills per problem: a repeat gives the fill a fresh problem makes, as a
+    new array (a caller that changes it cannot change the next answer); matrices too large to keep
+    are filled afresh every time."""
+    jobs, cluster, alloc = random_case(400 + seed, max_nodes=8, max_jobs=16)
+    policy = PolluxPolicy()
+    prob = policy.problem(with_allocation(jobs, alloc), cluster)
+    for loose in (False, True):
+        first = greedy(prob, prob.cur, loose=loose)
+        again = greedy(prob, prob.cur, loose=loose)
+        fresh = greedy(policy.problem(with_allocation(jobs, alloc), cluster), prob.cur, loose=loose)
+        assert np.array_equal(first, again) and np.array_equal(first, fresh)
+        assert again is not first
+        again[:] = 0
+        assert np.array_equal(greedy(prob, prob.cur, loose=loose), first)
+    assert len(prob.fills) == 2 and all(v.dtype == np.int64 for v in prob.fills.values())
+    big = policy.problem(with_allocation(jobs, alloc), cluster)
+    monkeypatch.setattr(fill_module, "MEMO_MAX_ENTRIES", 0)
+    assert np.array_equal(greedy(big, big.cur), greedy(prob, prob.cur))
+    assert big.fills == {}
 
 
 def test_tables_match_the_goodput_core() -> None:

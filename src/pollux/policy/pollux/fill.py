@@ -347,6 +347,12 @@ def estimates(prob: PolluxProblem, a: np.ndarray, free: np.ndarray, owner: np.nd
     return np.where(ok, gain, -np.inf).max(axis=1)
 
 
+#: Largest matrix (jobs × nodes entries) whose fills are remembered, and most fills remembered per
+#: problem: a round of a 4,096-GPU cluster with 1,000 jobs has 8 MB matrices and repeats few fills.
+MEMO_MAX_ENTRIES = 1 << 16
+MEMO_MAX_FILLS = 64
+
+
 def greedy(prob: PolluxProblem, a: np.ndarray, loose: bool = False) -> np.ndarray:
     """Grow a feasible matrix by best objective gain per GPU until nothing gains (lazy greedy).
 
@@ -355,8 +361,25 @@ def greedy(prob: PolluxProblem, a: np.ndarray, loose: bool = False) -> np.ndarra
     one is re-evaluated against the current free capacity and applied if it still beats the
     next one, else re-queued with its fresh value. Jumps let a job pay its re-allocation
     penalty once for several GPUs.
+
+    The fill depends only on the problem, the matrix and ``loose``, so a fill asked for again in the
+    same round is answered from ``prob.fills``: the starts and the local search's refills often
+    coincide (about 3 fills in 10 on workload-6), and the answer is the same array.
     """
     a = np.array(a, dtype=np.int64, copy=True)
+    if a.size > MEMO_MAX_ENTRIES:
+        return _fill(prob, a, loose)
+    key = (a.tobytes(), bool(loose))
+    done = prob.fills.get(key)
+    if done is None:
+        done = _fill(prob, a, loose)
+        if len(prob.fills) < MEMO_MAX_FILLS:
+            prob.fills[key] = done
+    return done.copy()
+
+
+def _fill(prob: PolluxProblem, a: np.ndarray, loose: bool) -> np.ndarray:
+    """:func:`greedy` itself, on ``a`` (a fresh int64 copy, grown in place and returned)."""
     if prob.num_jobs == 0 or prob.total_gpus == 0:
         return a
     p = prob.p

@@ -131,6 +131,9 @@ class PolluxProblem:
             max_replicas=self.max_replicas, max_nodes=self.max_nodes, interference=self.interference,
         )
         self.codec = PopulationCodec(self.job_ids, cluster, self.gpn)
+        #: The greedy fills already made on this problem, by (matrix bytes, loose): see
+        #: :func:`pollux.policy.pollux.fill.greedy`.
+        self.fills: dict[tuple[bytes, bool], np.ndarray] = {}
 
     # ----------------------------------------------------------------------------------------
     # Objective. Populations are float32 arrays (jobs, population, nodes) of whole numbers: this
