@@ -67,6 +67,7 @@ __all__ = [
     "load_profile",
     "load_profiles",
     "placement_key",
+    "placement_parts",
     "placement_shape",
 ]
 
@@ -108,10 +109,15 @@ def placement_key(row: Sequence[int] | np.ndarray | str) -> str:
     return ",".join(map(str, values))
 
 
+def placement_parts(key: str) -> list[int]:
+    """GPUs on each node of a placement key."""
+    return [int(p) for p in (key.split(",") if "," in key else key)]
+
+
 def placement_shape(key: str) -> tuple[int, int]:
     """(nodes, replicas) of a placement key."""
-    parts = key.split(",") if "," in key else list(key)
-    return len(parts), sum(int(p) for p in parts)
+    parts = placement_parts(key)
+    return len(parts), sum(parts)
 
 
 # --------------------------------------------------------------------------------------------------

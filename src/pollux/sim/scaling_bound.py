@@ -35,10 +35,10 @@ import numpy as np
 
 from pollux.goodput.efficiency import gain
 from pollux.goodput.model import accumulation_plan, batch_candidates
-from pollux.sim.profiles import AppProfile, placement_shape
+from pollux.sim.profiles import AppProfile, placement_parts, placement_shape
 
-__all__ = ["ScalingBound", "Schedule", "bound_at", "cheapest_schedule", "epoch_rates", "epoch_work",
-           "gpu_rates"]
+__all__ = ["ScalingBound", "Schedule", "bound_at", "cheapest_schedule", "epoch_rates", "epoch_times",
+           "epoch_work", "gpu_rates"]
 
 #: Weights μ tried by :func:`bound_at`, in node-seconds per second of completion.
 DEFAULT_WEIGHTS = np.geomspace(1e-2, 1e4, 241)
@@ -52,7 +52,7 @@ class Schedule:
     nodes: tuple[int, ...]
     completion_s: float
     node_seconds: float
-    starts: tuple[float, ...] = ()
+    starts: tuple[float, ...]
 
     def change_points(self) -> list[tuple[int, int]]:
         """``(epoch, nodes)`` at the first epoch and wherever the size changes."""
@@ -130,8 +130,7 @@ def _shape_rates(profile: AppProfile, max_nodes: int, gpus_per_node: int
     by_shape = _run_rates(profile, nodes, replicas,
                           lambda i, m: profile.step_times_nk(nodes[i], replicas[i], m))
     keys = [key for key in profile.measured_placements
-            if placement_shape(key)[0] <= max_nodes and max(map(int, key.split(",") if "," in key else key))
-            <= gpus_per_node]
+            if len(placement_parts(key)) <= max_nodes and max(placement_parts(key)) <= gpus_per_node]
     if keys:
         key_nodes = np.array([placement_shape(key)[0] for key in keys], dtype=np.float64)
         key_replicas = np.array([placement_shape(key)[1] for key in keys], dtype=np.float64)
@@ -164,6 +163,14 @@ def gpu_rates(profile: AppProfile, max_gpus: int, gpus_per_node: int) -> np.ndar
     for k in range(1, max_gpus + 1):
         rates[:, k] = by_shape[replicas <= k].max(axis=0)
     return rates
+
+
+def epoch_times(rates: np.ndarray, work: np.ndarray) -> np.ndarray:
+    """Seconds each epoch takes at each size 1.. of ``rates`` (shape (epochs, sizes)); infinite at a
+    size the profile cannot run (rate 0)."""
+    per_size = rates[:, 1:]
+    runs = per_size > 0
+    return np.where(runs, work[:, None] / np.where(runs, per_size, 1.0), np.inf)
 
 
 def _switch_costs(nodes: np.ndarray, weight: float, restart_s: float, provision_s: float) -> np.ndarray:
@@ -199,9 +206,7 @@ def cheapest_schedule(rates: np.ndarray, work: np.ndarray, weight: float, *, sta
     (dynamic programming over epochs and sizes), starting from ``start_nodes`` nodes held."""
     epochs, width = rates.shape
     nodes = np.arange(1, width)
-    with np.errstate(divide="ignore"):
-        run_time = np.where(rates[:, 1:] > 0, work[:, None] / np.where(rates[:, 1:] > 0, rates[:, 1:], 1.0),
-                            np.inf)
+    run_time = epoch_times(rates, work)
     switch = _switch_costs(nodes, weight, restart_s, provision_s)
     first = switch.copy()
     np.fill_diagonal(first, (nodes + weight) * restart_s)          # the first start pays a restart

@@ -28,17 +28,12 @@ from __future__ import annotations
 
 import numpy as np
 
+from pollux.sim.scaling_bound import epoch_times
+
 __all__ = ["makespan_bound", "mean_jct_bound", "trial_cost"]
 
 #: The weights λ tried by :func:`makespan_bound` (0: GPU-bound, 1: concurrency-bound).
 DEFAULT_LAMBDAS = np.linspace(0.0, 1.0, 1001)
-
-
-def _run_times(rates: np.ndarray, work: np.ndarray) -> np.ndarray:
-    """Seconds each epoch takes on 1..K GPUs, shape (epochs, K); infinite where the rate is 0."""
-    per_gpu = rates[:, 1:]
-    with np.errstate(divide="ignore"):
-        return np.where(per_gpu > 0, work[:, None] / np.where(per_gpu > 0, per_gpu, 1.0), np.inf)
 
 
 def trial_cost(rates: np.ndarray, work: np.ndarray, time_weight: float, gpu_weight: float,
@@ -46,7 +41,7 @@ def trial_cost(rates: np.ndarray, work: np.ndarray, time_weight: float, gpu_weig
     """The least ``time_weight·d + gpu_weight·G`` of one trial (``d`` its duration, ``G`` its
     GPU-seconds) over its possible runs: ``rates`` from :func:`pollux.sim.scaling_bound.gpu_rates`,
     ``work`` the progress of each epoch."""
-    times = _run_times(rates, work)
+    times = epoch_times(rates, work)
     gpus = np.arange(1, times.shape[1] + 1)
     per_epoch = ((time_weight + gpu_weight * gpus)[None, :] * times).min(axis=1)
     return float(per_epoch.sum() + (time_weight + gpu_weight) * restart_s)
@@ -66,6 +61,6 @@ def makespan_bound(rates: np.ndarray, work: np.ndarray, trials: int, concurrent:
 def mean_jct_bound(rates: np.ndarray, work: np.ndarray, trials: int, concurrent: int,
                    restart_s: float = 30.0) -> float:
     """Seconds the mean trial JCT of such a study cannot go below (see the module docstring)."""
-    fastest = float(_run_times(rates, work)[:, -1].sum() + restart_s)
+    fastest = float(epoch_times(rates, work)[:, -1].sum() + restart_s)
     asked_last = makespan_bound(rates, work, trials - concurrent, concurrent, restart_s)
     return max(fastest, concurrent * asked_last / trials)
