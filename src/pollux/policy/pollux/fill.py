@@ -5,7 +5,7 @@ greedy: jobs sit in a priority queue keyed by their best gain per GPU over jumps
 each placed the best of three ways — grow on its own nodes, move onto one node, or spread over nodes
 without another distributed job). :class:`FillState` holds the free GPUs and distributed-job owners of
 the nodes while one matrix fills. Every function reads the problem and never changes it (apart from
-the tables' memo of rows as lists).
+the tables' memo of rows as lists, and :func:`greedy`'s memo of its fills, ``prob.fills``).
 """
 
 from __future__ import annotations
@@ -364,7 +364,8 @@ def greedy(prob: PolluxProblem, a: np.ndarray, loose: bool = False) -> np.ndarra
 
     The fill depends only on the problem, the matrix and ``loose``, so a fill asked for again in the
     same round is answered from ``prob.fills``: the starts and the local search's refills often
-    coincide (about 3 fills in 10 on workload-6), and the answer is the same array.
+    coincide (about 3 fills in 10 on workload-6). A repeat gets a copy of the fill kept, so a caller
+    that changes its matrix cannot change a later answer.
     """
     a = np.array(a, dtype=np.int64, copy=True)
     if a.size > MEMO_MAX_ENTRIES:
