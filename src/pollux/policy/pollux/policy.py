@@ -17,6 +17,7 @@ from pollux.policy.genetic import genetic_search, select
 from pollux.policy.pollux.fill import greedy
 from pollux.policy.pollux.local import local_search
 from pollux.policy.pollux.problem import PolluxProblem
+from pollux.policy.pollux.reuse import STATE_KEY, may_reuse, record
 
 
 class PolluxPolicy:
@@ -46,10 +47,14 @@ class PolluxPolicy:
         the local search, and carry their ``keep_large`` best individuals in the state.
     table_cache: how many speedup tables to memoise across rounds, keyed by (model, limits, fair
         share, table size); a table is a pure function of that key, so results do not depend on it.
+    reuse_drift: keep the running allocation without searching when nothing but the jobs' ages and
+        attained service changed since the search that chose it, and no job's re-allocation penalty
+        factor has moved more than this since (:mod:`.reuse`); None searches every round.
 
     ``decide`` returns the fittest allocation and a JSON-able state holding the final population
-    (sparse, keyed by job and node ids; its arrays encoded by :func:`pollux.policy.base.encode_state`)
-    plus ``fitness``, ``generations`` and ``search`` for diagnostics.
+    (sparse, keyed by job and node ids; its arrays encoded by :func:`pollux.policy.base.encode_state`),
+    the reuse record of :mod:`.reuse`, plus ``objective``, ``generations`` and ``search`` for
+    diagnostics (``search`` is ``"reused"`` in a round that kept the running allocation).
     """
 
     name = "pollux"
@@ -74,6 +79,7 @@ class PolluxPolicy:
         local_search_starts: int = 1,
         keep_large: int = 4,
         table_cache: int = 2048,
+        reuse_drift: float | None = 1e-3,
     ) -> None:
         if not math.isfinite(p):
             raise ValueError(f"p: must be finite, got {p!r}")
@@ -87,6 +93,8 @@ class PolluxPolicy:
             raise ValueError(f"max_nodes_per_job: must be >= 1, got {max_nodes_per_job!r}")
         if patience is not None and patience < 1:
             raise ValueError(f"patience: must be >= 1 or None, got {patience!r}")
+        if reuse_drift is not None and not (math.isfinite(reuse_drift) and reuse_drift >= 0):
+            raise ValueError(f"reuse_drift: must be finite and >= 0, or None, got {reuse_drift!r}")
         self.p = float(p)
         self.restart_penalty_s = float(restart_penalty_s)
         self.population = int(population)
@@ -104,6 +112,7 @@ class PolluxPolicy:
         self.local_search_starts = max(int(local_search_starts), 1)
         self.keep_large = max(int(keep_large), 1)
         self.table_cache_size = max(int(table_cache), 0)
+        self.reuse_drift = None if reuse_drift is None else float(reuse_drift)
         self._tables: OrderedDict = OrderedDict()
 
     def problem(self, jobs: Sequence[JobView], cluster: Cluster) -> PolluxProblem:
@@ -128,6 +137,8 @@ class PolluxPolicy:
             out_state = prob.encode(np.zeros((prob.num_jobs, 0, prob.num_nodes), dtype=np.float32))
             out_state.update(objective=1.0, generations=0, search="none")
             return {}, encode_state(out_state)
+        if state is not None and self.reuse_drift is not None and may_reuse(prob, state, self.reuse_drift):
+            return self._reuse(prob, state)
         cells = prob.num_jobs * prob.num_nodes
         dense = self.population * cells <= self.dense_limit
         carried = prob.repair(prob.remap(state, self.population if dense else self.keep_large))
@@ -159,7 +170,15 @@ class PolluxPolicy:
         out_state = prob.encode(pop)
         # The objective is the fitness of the allocation chosen (pollux.policy.base.state_objective).
         out_state.update(objective=prob.fitness(best), generations=int(gens), search=search)
+        out_state[STATE_KEY] = record(prob, best)
         return prob.to_allocation(best), encode_state(out_state)
+
+    def _reuse(self, prob: PolluxProblem, state: PolicyState) -> tuple[Allocation, PolicyState]:
+        """The running allocation, and the carried state as it was (its population, and the reuse
+        record of the search that chose this allocation, so that the penalties' drift adds up)."""
+        out_state = dict(state)
+        out_state.update(objective=prob.fitness(prob.cur), generations=0, search="reused")
+        return prob.to_allocation(prob.cur), encode_state(out_state)
 
     def _greedy_search(self, prob: PolluxProblem, current: np.ndarray, carried: np.ndarray, dense: bool,
                        rng: np.random.Generator) -> list[np.ndarray]:
