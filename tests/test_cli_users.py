@@ -75,3 +75,20 @@ def test_a_bad_user_name_is_refused_naming_the_field(state, capsys):
     folder, _ = state
     code, out, err = pollux(capsys, "user", "add", "--state-dir", str(folder), "Not OK")
     assert code == 1 and out == "" and "422" in err and "name" in err
+
+
+def test_a_token_drawn_with_a_leading_dash_is_drawn_again_so_the_cli_takes_it(state, capsys, monkeypatch):
+    """``secrets.token_urlsafe`` starts one token in 64 with ``-``, which ``argparse`` reads as an
+    option after ``--token``: such a draw is thrown away (:mod:`pollux.cluster.state.tokens`)."""
+    import pollux.cluster.state.tokens as tokens
+
+    draws = iter(["-" + "a" * 42, "-" + "b" * 42, "c" * 43])
+    monkeypatch.setattr(tokens.secrets, "token_urlsafe", lambda n: next(draws))
+    folder, _ = state
+    at = ("--state-dir", str(folder))
+    code, out, err = pollux(capsys, "user", "add", *at, "--json", "carol")
+    assert code == 0, err
+    token = json.loads(out)["token"]
+    assert token == "c" * 43
+    code, out, err = pollux(capsys, "ls", *at, "--token", token, "--json")
+    assert code == 0, err

@@ -22,7 +22,6 @@ behind either), then any replica process the store recorded that is somehow stil
 from __future__ import annotations
 
 import os
-import secrets
 import subprocess
 import sys
 import time
@@ -47,6 +46,7 @@ from pollux.cluster.state.folder import (
     read_json,
     secure_state_dir,
 )
+from pollux.cluster.state.tokens import new_token
 from pollux.policy.clusterspec import parse_cluster
 from pollux.raylink import LOOPBACK_ENV
 
@@ -120,7 +120,7 @@ def _ensure_token(state: Path) -> str:
     if not path.exists():
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         with os.fdopen(fd, "w") as f:
-            f.write(secrets.token_urlsafe(32) + "\n")
+            f.write(new_token() + "\n")
     os.chmod(path, 0o600)
     return path.read_text().strip()
 

@@ -19,6 +19,7 @@ from pollux.cluster.state.lifecycle import JOB_STATES, TERMINAL_STATES, check_tr
 from pollux.cluster.state.records import JobRecord, TransitionRecord, UnknownJobError
 from pollux.cluster.state.schema import hash_token
 from pollux.cluster.state.spec import JobSpec, is_job_id, validate_name
+from pollux.cluster.state.tokens import new_token
 
 __all__ = ["LISTING_COLUMNS", "MAX_PAGE_SIZE", "JobPage", "JobTable"]
 
@@ -85,7 +86,7 @@ class JobTable(StoreConnection):
             name = validate_name(name)
         if job_id is not None and (not isinstance(job_id, str) or not is_job_id(job_id)):
             raise ValueError(f"job_id: expected 1-128 letters, digits, '.', '_' or '-', got {job_id!r:.80}")
-        token = secrets.token_urlsafe(32)
+        token = new_token()
         t = timestamp(now)
         with self._tx() as conn:
             if job_id is None:

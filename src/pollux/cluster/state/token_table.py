@@ -8,6 +8,7 @@ from typing import Any
 
 from pollux.cluster.state.database import StoreConnection
 from pollux.cluster.state.schema import hash_token
+from pollux.cluster.state.tokens import new_token
 
 __all__ = ["TokenTable"]
 
@@ -21,7 +22,7 @@ class TokenTable(StoreConnection):
         The controller calls this at every launch and hands the token to the replicas
         (``POLLUX_JOB_TOKEN``); a replica of an earlier launch can no longer act for the job.
         """
-        token = secrets.token_urlsafe(32)
+        token = new_token()
         with self._tx() as conn:
             self._row(conn, job_id)
             conn.execute("UPDATE jobs SET token_hash = ? WHERE id = ?", (hash_token(token), job_id))

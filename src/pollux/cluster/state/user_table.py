@@ -12,6 +12,7 @@ from pollux.cluster.state.database import StoreConnection, timestamp
 from pollux.cluster.state.records import UnknownUserError, UserRecord
 from pollux.cluster.state.schema import hash_token
 from pollux.cluster.state.spec import SpecError
+from pollux.cluster.state.tokens import new_token
 
 __all__ = ["USER_NAME_PATTERN", "UserTable", "validate_user_name"]
 
@@ -45,7 +46,7 @@ class UserTable(StoreConnection):
         is a ValueError, as is a name :func:`validate_user_name` refuses (a SpecError).
         """
         name = validate_user_name(name)
-        token = secrets.token_urlsafe(32)
+        token = new_token()
         t = timestamp(now)
         with self._tx() as conn:
             row = conn.execute("SELECT revoked FROM users WHERE name = ?", (name,)).fetchone()
