@@ -95,12 +95,20 @@ def _not_applied(views: list[JobView]) -> list[JobView]:
     return [replace(v, allocation={}) for v in views]
 
 
+def _moved(views: list[JobView]) -> list[JobView]:
+    """The chosen counts, but each on the next node: the same GPUs per job, placed elsewhere."""
+    nodes = CLUSTER.nodes
+    shift = {n: nodes[(i + 1) % len(nodes)] for i, n in enumerate(nodes)}
+    return [replace(v, allocation={shift[n]: g for n, g in v.allocation.items()}) for v in views]
+
+
 def _reordered(views: list[JobView]) -> list[JobView]:
     return [replace(views[0], attained_service=1e9), *views[1:]]
 
 
-@pytest.mark.parametrize("change", [_new_job, _refitted, _not_applied, _reordered],
-                         ids=["job-arrives", "model-refitted", "choice-not-applied", "priority-order"])
+@pytest.mark.parametrize("change", [_new_job, _refitted, _not_applied, _moved, _reordered],
+                         ids=["job-arrives", "model-refitted", "choice-not-applied", "choice-on-other-nodes",
+                              "priority-order"])
 def test_any_other_change_makes_the_round_search(change) -> None:
     _, _, _, state2, drew = play(PolluxPolicy(population=20, generations=10), steady_jobs(), change)
     assert state2["search"] != "reused" and drew

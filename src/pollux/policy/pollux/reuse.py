@@ -39,23 +39,31 @@ STATE_KEY = "reuse"
 def inputs_digest(prob: PolluxProblem, matrix: np.ndarray) -> str:
     """A digest of everything the search reads but the penalties, with ``matrix`` as the current
     allocation: the jobs in priority order, pinned rows, replica limits, speedup tables (scaled by
-    the fair share), the nodes and their capacity, and the objective's options."""
-    h = hashlib.blake2b(digest_size=16)
+    the fair share), the nodes and their capacity, and the objective's options.
+
+    SHA-256 over the arrays' own buffers (no copies): at 4,096 GPUs and 1,000 jobs the tables are 7 MB,
+    and a round takes two digests (this one and the :func:`record` of its choice). The allocation
+    goes in by its non-zero cells: as a dense matrix it would be 8 MB more."""
+    h = hashlib.sha256()
     h.update("\0".join(prob.job_ids).encode())
     h.update(b"\1")
     h.update("\0".join(prob.cluster.nodes).encode())
-    h.update(np.array([prob.p, prob.max_nodes, prob.interference], dtype=np.float64).tobytes())
+    h.update(np.array([prob.p, prob.max_nodes, prob.interference], dtype=np.float64).data)
     for arr in (prob.cap, prob.pinned, prob.min_replicas, prob.max_replicas, prob.movable):
-        h.update(np.ascontiguousarray(arr).tobytes())
-    h.update(np.ascontiguousarray(prob.tables.table, dtype=np.float64).tobytes())
-    h.update(np.ascontiguousarray(matrix, dtype=np.int64).tobytes())
+        h.update(np.ascontiguousarray(arr).data)
+    h.update(np.ascontiguousarray(prob.tables.table, dtype=np.float64).data)
+    # The allocation by its non-zero cells (its shape is fixed by the jobs and nodes above).
+    flat = np.asarray(matrix, dtype=np.int64).reshape(-1)
+    cells = np.flatnonzero(flat)
+    h.update(cells.data)
+    h.update(np.ascontiguousarray(flat[cells]).data)
     return h.hexdigest()
 
 
 def record(prob: PolluxProblem, chosen: np.ndarray) -> dict[str, Any]:
     """The reuse record a search stores: the digest of the round it expects next (the same inputs,
     ``chosen`` running) and the penalty factors it decided with."""
-    return {"digest": inputs_digest(prob, chosen), "penalty": [float(x) for x in prob.pen]}
+    return {"digest": inputs_digest(prob, chosen), "penalty": prob.pen.tolist()}
 
 
 def may_reuse(prob: PolluxProblem, state: PolicyState | None, drift: float) -> bool:
