@@ -17,6 +17,7 @@ from pollux.policy.genetic import genetic_search, select
 from pollux.policy.pollux.fill import greedy
 from pollux.policy.pollux.local import local_search
 from pollux.policy.pollux.problem import PolluxProblem
+from pollux.policy.pollux.prune import surplus_waiting
 from pollux.policy.pollux.reuse import STATE_KEY, may_reuse, record
 
 
@@ -50,11 +51,15 @@ class PolluxPolicy:
     reuse_drift: keep the running allocation without searching when nothing but the jobs' ages and
         attained service changed since the search that chose it, and no job's re-allocation penalty
         factor has moved more than this since (:mod:`.reuse`); None searches every round.
+    prune_waiting: leave out of the search the waiting jobs that cannot matter: interchangeable
+        waiting jobs beyond what the cluster could run at once, and those that can take no GPU
+        (:mod:`.prune`; an optimum is never lost). False searches over every job.
 
     ``decide`` returns the fittest allocation and a JSON-able state holding the final population
     (sparse, keyed by job and node ids; its arrays encoded by :func:`pollux.policy.base.encode_state`),
-    the reuse record of :mod:`.reuse`, plus ``objective``, ``generations`` and ``search`` for
-    diagnostics (``search`` is ``"reused"`` in a round that kept the running allocation).
+    the reuse record of :mod:`.reuse`, plus ``objective``, ``generations``, ``search`` and
+    ``left_out`` (waiting jobs the search left out) for diagnostics (``search`` is ``"reused"`` in a
+    round that kept the running allocation).
     """
 
     name = "pollux"
@@ -80,6 +85,7 @@ class PolluxPolicy:
         keep_large: int = 4,
         table_cache: int = 2048,
         reuse_drift: float | None = 1e-3,
+        prune_waiting: bool = True,
     ) -> None:
         if not math.isfinite(p):
             raise ValueError(f"p: must be finite, got {p!r}")
@@ -113,15 +119,30 @@ class PolluxPolicy:
         self.keep_large = max(int(keep_large), 1)
         self.table_cache_size = max(int(table_cache), 0)
         self.reuse_drift = None if reuse_drift is None else float(reuse_drift)
+        self.prune_waiting = bool(prune_waiting)
         self._tables: OrderedDict = OrderedDict()
 
-    def problem(self, jobs: Sequence[JobView], cluster: Cluster) -> PolluxProblem:
-        """This round's search problem (tables, constraints, objective) for the given inputs."""
+    def problem(self, jobs: Sequence[JobView], cluster: Cluster,
+                round_jobs: int | None = None) -> PolluxProblem:
+        """This round's search problem (tables, constraints, objective) for the given inputs;
+        ``round_jobs`` counts the round's jobs when ``jobs`` are only some of them."""
         return PolluxProblem(
             jobs, cluster, p=self.p, restart_penalty_s=self.restart_penalty_s,
             max_nodes_per_job=self.max_nodes_per_job, interference_avoidance=self.interference_avoidance,
-            table_cache=self._tables, cache_size=self.table_cache_size,
+            table_cache=self._tables, cache_size=self.table_cache_size, round_jobs=round_jobs,
         )
+
+    def search_problem(self, jobs: Sequence[JobView], cluster: Cluster) -> PolluxProblem:
+        """The problem the round searches: all of ``jobs``, or without the waiting jobs that cannot
+        matter when ``prune_waiting`` (:mod:`.prune`)."""
+        prob = self.problem(jobs, cluster)
+        if not self.prune_waiting or prob.num_jobs == 0 or prob.num_nodes == 0:
+            return prob
+        drop = surplus_waiting(prob)
+        if not drop.any():
+            return prob
+        kept = [job for job, left_out in zip(prob.jobs, drop.tolist(), strict=True) if not left_out]
+        return self.problem(kept, cluster, round_jobs=prob.num_jobs)
 
     @one_blas_thread
     def decide(
@@ -132,10 +153,10 @@ class PolluxPolicy:
         now: float,
         rng: np.random.Generator,
     ) -> tuple[Allocation, PolicyState]:
-        prob = self.problem(jobs, cluster)
+        prob = self.search_problem(jobs, cluster)
         if prob.num_jobs == 0 or prob.num_nodes == 0:
             out_state = prob.encode(np.zeros((prob.num_jobs, 0, prob.num_nodes), dtype=np.float32))
-            out_state.update(objective=1.0, generations=0, search="none")
+            out_state.update(objective=1.0, generations=0, search="none", left_out=0)
             return {}, encode_state(out_state)
         if state is not None and self.reuse_drift is not None and may_reuse(prob, state, self.reuse_drift):
             return self._reuse(prob, state)
@@ -169,7 +190,8 @@ class PolluxPolicy:
             search += "+repair"
         out_state = prob.encode(pop)
         # The objective is the fitness of the allocation chosen (pollux.policy.base.state_objective).
-        out_state.update(objective=prob.fitness(best), generations=int(gens), search=search)
+        out_state.update(objective=prob.fitness(best), generations=int(gens), search=search,
+                         left_out=prob.absent)
         out_state[STATE_KEY] = record(prob, best)
         return prob.to_allocation(best), encode_state(out_state)
 
@@ -177,7 +199,8 @@ class PolluxPolicy:
         """The running allocation, and the carried state as it was (its population, and the reuse
         record of the search that chose this allocation, so that the penalties' drift adds up)."""
         out_state = dict(state)
-        out_state.update(objective=prob.fitness(prob.cur), generations=0, search="reused")
+        out_state.update(objective=prob.fitness(prob.cur), generations=0, search="reused",
+                         left_out=prob.absent)
         return prob.to_allocation(prob.cur), encode_state(out_state)
 
     def _greedy_search(self, prob: PolluxProblem, current: np.ndarray, carried: np.ndarray, dense: bool,

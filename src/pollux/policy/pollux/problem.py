@@ -49,14 +49,18 @@ def _utility(s: np.ndarray, p: float) -> np.ndarray:
     return x**p
 
 
-def _power_mean(s: np.ndarray, p: float) -> np.ndarray:
-    """FITNESS_p along the last axis (the job axis); p = 0 is the geometric mean."""
+def _power_mean(s: np.ndarray, p: float, absent: int = 0) -> np.ndarray:
+    """FITNESS_p along the last axis (the job axis); p = 0 is the geometric mean.
+
+    ``absent`` more jobs of the round, left out of ``s`` (:mod:`.prune`), count with speedup 0.
+    With none, each mean is the sum over the axis divided by its length, exactly as ``mean``."""
     x = s + SPEEDUP_EPS
+    count = s.shape[-1] + absent
     if p == 0.0:
-        return np.exp(np.log(x).mean(axis=-1))
+        return np.exp((np.log(x).sum(axis=-1) + absent * np.log(SPEEDUP_EPS)) / count)
     if p == -1.0:
-        return 1.0 / (1.0 / x).mean(axis=-1)
-    return (x**p).mean(axis=-1) ** (1.0 / p)
+        return 1.0 / (((1.0 / x).sum(axis=-1) + absent / SPEEDUP_EPS) / count)
+    return (((x**p).sum(axis=-1) + absent * SPEEDUP_EPS**p) / count) ** (1.0 / p)
 
 
 class PolluxProblem:
@@ -81,6 +85,7 @@ class PolluxProblem:
         interference_avoidance: bool,
         table_cache: OrderedDict | None = None,
         cache_size: int = 0,
+        round_jobs: int | None = None,
     ) -> None:
         self.p = float(p)
         self.cluster = cluster
@@ -109,6 +114,11 @@ class PolluxProblem:
         self.jobs = [jobs[i] for i in order]
         self.job_ids = [job.id for job in self.jobs]
         self.num_jobs = num_jobs = len(self.jobs)
+        #: Jobs of the round left out of this problem (:mod:`.prune`): they hold nothing, count in the
+        #: fair share, and weigh in the fitness with speedup 0.
+        self.absent = 0 if round_jobs is None else int(round_jobs) - num_jobs
+        if self.absent < 0:
+            raise ValueError(f"round_jobs: {round_jobs} is fewer than the {num_jobs} jobs given")
         self.num_nodes = num_nodes
         self.cur = raw_cur[self.order] if num_jobs else raw_cur
         self.pinned = pinned[self.order] if num_jobs else pinned
@@ -125,7 +135,8 @@ class PolluxProblem:
         self.movable = ~self.pinned & (self.max_replicas >= np.maximum(self.min_replicas, 1))
 
         sizes = table_sizes(self.max_replicas, self.pinned, self.cur, self.max_nodes, num_nodes)
-        self.tables = SpeedupTables(self.jobs, cluster, sizes, table_cache, cache_size)
+        self.tables = SpeedupTables(self.jobs, cluster, sizes, table_cache, cache_size,
+                                    round_jobs=num_jobs + self.absent)
         self.constraints = Constraints(
             cur=self.cur, pinned=self.pinned, cap=cap, min_replicas=self.min_replicas,
             max_replicas=self.max_replicas, max_nodes=self.max_nodes, interference=self.interference,
@@ -170,7 +181,7 @@ class PolluxProblem:
             return np.ones(q), np.ones(q)
         s, changed = self._pop_speedups(pop)
         pen = np.where(changed, s * self.pen[:, None], s)
-        return _power_mean(pen.T, self.p), _power_mean(s.T, self.p)
+        return _power_mean(pen.T, self.p, self.absent), _power_mean(s.T, self.p, self.absent)
 
     def matrix_speedups(self, matrix: np.ndarray, penalised: bool = True) -> np.ndarray:
         """Per-job speedups of one ``(jobs, nodes)`` integer matrix."""
@@ -193,14 +204,14 @@ class PolluxProblem:
         """FITNESS_p of one ``(jobs, nodes)`` matrix."""
         if self.num_jobs == 0:
             return 1.0
-        return float(_power_mean(self.matrix_speedups(matrix), self.p))
+        return float(_power_mean(self.matrix_speedups(matrix), self.p, self.absent))
 
     def fitness_pair(self, matrix: np.ndarray) -> tuple[float, float]:
         """(FITNESS_p, unpenalised FITNESS_p) of one matrix: the order of the genetic selection."""
         if self.num_jobs == 0:
             return 1.0, 1.0
-        return (float(_power_mean(self.matrix_speedups(matrix), self.p)),
-                float(_power_mean(self.matrix_speedups(matrix, penalised=False), self.p)))
+        return (float(_power_mean(self.matrix_speedups(matrix), self.p, self.absent)),
+                float(_power_mean(self.matrix_speedups(matrix, penalised=False), self.p, self.absent)))
 
     def to_allocation(self, matrix: np.ndarray) -> Allocation:
         """The allocation of one ``(jobs, nodes)`` matrix, keyed by job and node ids."""

@@ -62,7 +62,8 @@ class SpeedupTables:
     array (zero beyond a job's own size), with the one lookup into it.
 
     ``cache`` is the policy's memo of unscaled tables across rounds (least recently used first,
-    at most ``cache_size`` entries; none when ``cache_size`` is 0).
+    at most ``cache_size`` entries; none when ``cache_size`` is 0). ``round_jobs`` is the number of
+    jobs in the round when ``jobs`` are only some of them (default: all of them).
     """
 
     def __init__(
@@ -72,8 +73,10 @@ class SpeedupTables:
         sizes: Sequence[tuple[int, int]],
         cache: OrderedDict | None = None,
         cache_size: int = 0,
+        round_jobs: int | None = None,
     ) -> None:
-        self.fair, self.scale = fair_and_scale(cluster, len(jobs))
+        # The fair share counts every job of the round, also those a search leaves out (.prune).
+        self.fair, self.scale = fair_and_scale(cluster, len(jobs) if round_jobs is None else round_jobs)
         self.nt_max = max((nodes for nodes, _ in sizes), default=0)
         self.rt_max = max((replicas for _, replicas in sizes), default=0)
         table = np.zeros((len(jobs), self.nt_max + 1, self.rt_max + 1))
