@@ -244,9 +244,11 @@ def test_tables_match_the_goodput_core() -> None:
     rng = np.random.default_rng(1)
     cluster = Cluster.uniform(16, 4)
     jobs = [job(f"j{i}", random_model(rng), max_replicas_seen=int(s)) for i, s in enumerate([1, 4, 8, 32])]
-    jobs.append(job("none", max_replicas_seen=4))
+    # Jobs without a model, of two sizes, among the others: each size's table is written to all its jobs.
+    jobs[1:1] = [job("none", max_replicas_seen=4), job("none1", max_replicas_seen=1)]
+    jobs.append(job("none2", max_replicas_seen=4))
     prob = PolluxPolicy(table_cache=0).problem(jobs, cluster)
-    assert prob.tables.fair == fair_share(16, 4, 5) == (1, 13)
+    assert prob.tables.fair == fair_share(16, 4, 7) == (1, 10)
     for j, jv in enumerate(prob.jobs):
         cap = int(prob.max_replicas[j])
         nt = min(16, cap)
@@ -254,7 +256,7 @@ def test_tables_match_the_goodput_core() -> None:
         if jv.model is None:
             r = np.arange(cap + 1)
             n = np.arange(nt + 1)[:, None]
-            want = np.where((n >= 1) & (n <= r), r / 13, 0.0)
+            want = np.where((n >= 1) & (n <= r), r / 10, 0.0)
         else:
             want = speedup_table(jv.model, jv.limits, nt, cap, prob.tables.fair, replica_cap=cap)
         np.testing.assert_allclose(got, want * 16 / 64, rtol=1e-12, atol=1e-15)

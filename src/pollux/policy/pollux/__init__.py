@@ -26,6 +26,10 @@ The search, every part of it on that exact objective:
    Seeded by the above, the current allocation and the population carried over from the previous
    round (rows remapped by job and node id), and stopped when the best individual stalls.
 
+Before the search, waiting jobs that cannot matter are left out: interchangeable ones (the same
+table and limits) beyond what the cluster could run at once, ranked by their penalty factors
+(:mod:`.prune`; no optimum is lost, and the fitness still counts them).
+
 On clusters where the dense population would exceed ``dense_limit`` elements (e.g. 1024 × 4 GPUs
 with 1000 jobs) steps 1–2 alone run and a few best individuals are carried. Internally jobs are
 sorted by priority (pinned, then least attained service, then submission time), so the repair's
@@ -35,8 +39,9 @@ See ``docs/policy-pollux.md``.
 Modules: :mod:`.problem` (:class:`PolluxProblem`: jobs in priority order, penalty, evaluation, fitness),
 :mod:`.tables` (speedup tables and their one lookup), :mod:`.constraints` (feasibility, repair),
 :mod:`.population` (population layout, the carried state's codec), :mod:`.fill` (greedy fill),
-:mod:`.local` (destroy-and-refill), :mod:`.policy` (:class:`PolluxPolicy`); the genetic operators are
-the generic :mod:`pollux.policy.genetic`.
+:mod:`.local` (destroy-and-refill), :mod:`.prune` (the waiting jobs a round may leave out),
+:mod:`.reuse` (when a steady round may skip the search), :mod:`.policy` (:class:`PolluxPolicy`); the
+genetic operators are the generic :mod:`pollux.policy.genetic`.
 """
 
 from pollux.policy.genetic import RESET_PROB, ZERO_ELEM_PROB, ZERO_ROW_PROB

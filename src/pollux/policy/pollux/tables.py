@@ -80,10 +80,18 @@ class SpeedupTables:
         self.nt_max = max((nodes for nodes, _ in sizes), default=0)
         self.rt_max = max((replicas for _, replicas in sizes), default=0)
         table = np.zeros((len(jobs), self.nt_max + 1, self.rt_max + 1))
+        # Jobs without a model share the linear prior: one table per size, written to all at once
+        # (an overloaded round holds hundreds of such jobs, all waiting).
+        linear: dict[tuple[int, int], list[int]] = {}
         for j, (job, (nt, rt)) in enumerate(zip(jobs, sizes, strict=True)):
             if rt <= 0 or nt <= 0 or self.scale == 0.0:
                 continue
+            if job.model is None:
+                linear.setdefault((nt, rt), []).append(j)
+                continue
             table[j, : nt + 1, : rt + 1] = self._build(job, nt, rt, cache, cache_size)
+        for (nt, rt), rows in linear.items():
+            table[rows, : nt + 1, : rt + 1] = self._linear(nt, rt)
         self.table = table
         # Best speedup at each replica count over any node count: bounds what a spread can reach.
         self.best_any_nodes = table.max(axis=1)
@@ -109,14 +117,19 @@ class SpeedupTables:
             self._lists[j] = got
         return got
 
+    def _linear(self, nt: int, rt: int) -> np.ndarray:
+        """The scaled table of a job without a model up to ``nt`` nodes and ``rt`` replicas: the
+        linear-scaling prior, ``replicas / fair replicas`` wherever ``1 ≤ nodes ≤ replicas``."""
+        r = np.arange(rt + 1, dtype=np.float64)
+        n = np.arange(nt + 1)[:, None]
+        tab = np.where((n >= 1) & (n <= r[None, :]), r[None, :] / self.fair[1], 0.0)
+        return tab * self.scale
+
     def _build(self, job: JobView, nt: int, rt: int, cache: OrderedDict | None,
                cache_size: int) -> np.ndarray:
         """Job ``job``'s scaled table up to ``nt`` nodes and ``rt`` replicas."""
         if job.model is None:
-            r = np.arange(rt + 1, dtype=np.float64)
-            n = np.arange(nt + 1)[:, None]
-            tab = np.where((n >= 1) & (n <= r[None, :]), r[None, :] / self.fair[1], 0.0)
-            return tab * self.scale
+            return self._linear(nt, rt)
         limits = job.limits
         if limits is None:
             limits = BatchLimits(job.model.init_batch_size)
