@@ -145,7 +145,7 @@ class SpeedupTables:
         built = min(nt, 2)
         tab = speedup_table(job.model, limits, built, rt, self.fair, replica_cap=rt)
         if nt > built:
-            r = np.arange(rt + 1)  # type: ignore[assignment]  # int grid; the float one above is another branch
+            r = np.arange(rt + 1)
             n = np.arange(built + 1, nt + 1)[:, None]
             tab = np.concatenate([tab, np.where(r[None, :] >= n, tab[built][None, :], 0.0)])
         if cache is not None and cache_size > 0:
