@@ -1,9 +1,10 @@
 """Which waiting jobs a Pollux round may leave out of its search (issue 38).
 
 An overloaded cluster queues hundreds of jobs: on Sia's 64-GPU mix, 960 jobs submitted in eight hours
-keep about 315 jobs waiting in the average round, all of them new (they have never run, so they have
-no model yet) and alike. Every part of the search costs time in proportion to the jobs in the round,
-so a round there spent three quarters of its time on jobs that could not all get a GPU.
+keep 128–511 jobs waiting in a third of the rounds (315 on average there), all of them new (they
+have never run, so they have no model yet) and alike. Every part of the search costs time in
+proportion to the jobs in the round, and those rounds took 62 % of the policy's time, mostly on
+jobs that could not all get a GPU.
 
 Two waiting jobs are *interchangeable* when their speedup tables and their replica limits are the
 same: then swapping their rows maps every feasible allocation to a feasible one. Only their
