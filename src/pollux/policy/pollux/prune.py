@@ -42,8 +42,12 @@ def surplus_waiting(prob: PolluxProblem) -> np.ndarray:
     if waiting.size == 0:
         return drop
     # A class is the job's whole table and its limits (the table's size follows from the limits).
+    # A waiting job's table ends at its replica cap (and as many nodes), zero beyond: the key reads
+    # only as far as the largest of them, which for new jobs is a handful of entries.
+    replicas = int(prob.max_replicas[waiting].max())
+    nodes = min(prob.max_nodes, prob.num_nodes, replicas)
     keys = np.concatenate([
-        prob.tables.table[waiting].reshape(waiting.size, -1),
+        prob.tables.table[waiting, : nodes + 1, : replicas + 1].reshape(waiting.size, -1),
         prob.min_replicas[waiting, None].astype(np.float64),
         prob.max_replicas[waiting, None].astype(np.float64),
     ], axis=1)
