@@ -37,7 +37,7 @@ def surplus_waiting(prob: PolluxProblem) -> np.ndarray:
     A waiting job is left out when it cannot take a GPU, or when at least as many interchangeable
     waiting jobs as its class can run at once rank above it (by penalty factor, then priority).
     """
-    waiting = np.flatnonzero(~prob.pinned & (prob.cur.sum(axis=1) == 0))
+    waiting = np.flatnonzero(prob.cur.sum(axis=1) == 0)      # pinned jobs hold GPUs: never waiting
     drop = np.zeros(prob.num_jobs, dtype=bool)
     if waiting.size == 0:
         return drop

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from pollux.goodput import BatchLimits, fair_share, speedup_table
+from pollux.goodput import BatchLimits, GoodputModel, fair_share, speedup_table
 from pollux.policy.base import Cluster, JobView
 
 
@@ -89,7 +89,7 @@ class SpeedupTables:
             if job.model is None:
                 linear.setdefault((nt, rt), []).append(j)
                 continue
-            table[j, : nt + 1, : rt + 1] = self._build(job, nt, rt, cache, cache_size)
+            table[j, : nt + 1, : rt + 1] = self._build(job.model, job.limits, nt, rt, cache, cache_size)
         for (nt, rt), rows in linear.items():
             table[rows, : nt + 1, : rt + 1] = self._linear(nt, rt)
         self.table = table
@@ -125,15 +125,13 @@ class SpeedupTables:
         tab = np.where((n >= 1) & (n <= r[None, :]), r[None, :] / self.fair[1], 0.0)
         return tab * self.scale
 
-    def _build(self, job: JobView, nt: int, rt: int, cache: OrderedDict | None,
-               cache_size: int) -> np.ndarray:
-        """Job ``job``'s scaled table up to ``nt`` nodes and ``rt`` replicas."""
-        if job.model is None:
-            return self._linear(nt, rt)
-        limits = job.limits
+    def _build(self, model: GoodputModel, limits: BatchLimits | None, nt: int, rt: int,
+               cache: OrderedDict | None, cache_size: int) -> np.ndarray:
+        """The scaled table of a job with ``model`` and ``limits`` up to ``nt`` nodes and ``rt``
+        replicas (jobs without a model get :meth:`_linear`)."""
         if limits is None:
-            limits = BatchLimits(job.model.init_batch_size)
-        key = (job.model, limits, self.fair, nt, rt)
+            limits = BatchLimits(model.init_batch_size)
+        key = (model, limits, self.fair, nt, rt)
         if cache is not None and cache_size > 0:
             hit = cache.get(key)
             if hit is not None:
@@ -143,7 +141,7 @@ class SpeedupTables:
         # 3+ nodes equal those for 2 wherever n ≤ r. Build the table up to 2 nodes and copy (several
         # times cheaper; tests check it against the full table).
         built = min(nt, 2)
-        tab = speedup_table(job.model, limits, built, rt, self.fair, replica_cap=rt)
+        tab = speedup_table(model, limits, built, rt, self.fair, replica_cap=rt)
         if nt > built:
             r = np.arange(rt + 1)
             n = np.arange(built + 1, nt + 1)[:, None]
