@@ -305,6 +305,38 @@ def test_greedy_placement_predictions_match_placement() -> None:
     assert min(seen.values()) > 0, seen
 
 
+def test_fill_state_kept_by_updates_matches_a_fresh_one() -> None:
+    """What :meth:`FillState.update` keeps incrementally (free GPUs, their total, the distributed
+    owners, each job's node and GPU lists) equals a state built afresh from the changed matrix."""
+    checked = moved = 0
+    for seed in range(10):
+        jobs, cluster, alloc = random_case(300 + seed, max_nodes=8, max_jobs=10)
+        prob = PolluxPolicy(max_nodes_per_job=3).problem(with_allocation(jobs, alloc), cluster)
+        a = np.array(prob.repair_one(prob.cur), dtype=np.int64)
+        st = FillState(prob.cap - a.sum(axis=0), prob.owners(a), prob.interference)
+        for j in range(prob.num_jobs):
+            st.row_lists(j, a[j])                  # every job's lists cached before any change
+        rng = np.random.default_rng(seed)
+        for _ in range(100):
+            # Any placement mode and jump, not only the greedy's pick: moves off a job's nodes too.
+            j, k, mode = int(rng.integers(prob.num_jobs)), int(rng.integers(1, 4)), int(rng.integers(3))
+            # Now and then a job gives its GPUs back, so that the cluster never stays full.
+            new = np.zeros_like(a[j]) if rng.random() < 0.25 else place_growth(prob, a, j, k, mode, st)
+            if new is None:
+                continue
+            moved += bool(np.count_nonzero(a[j]) > 1 and ((a[j] > 0) & (new == 0)).any())
+            st.update(j, a[j], new)
+            a[j] = new
+            checked += 1
+            fresh = FillState(prob.cap - a.sum(axis=0), prob.owners(a), prob.interference)
+            np.testing.assert_array_equal(st.free, fresh.free)
+            assert st.total_free == fresh.total_free
+            np.testing.assert_array_equal(st.owner, fresh.owner)
+            for i in range(prob.num_jobs):
+                assert st.row_lists(i, a[i]) == fresh.row_lists(i, a[i])
+    assert checked > 100 and moved > 5, (checked, moved)
+
+
 # --------------------------------------------------------------------------------------------
 # Determinism and state
 # --------------------------------------------------------------------------------------------

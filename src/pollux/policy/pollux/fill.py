@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from pollux.policy.pollux.problem import SPEEDUP_EPS, PolluxProblem, _utility
+from pollux.policy.pollux.problem import SPEEDUP_EPS, PolluxProblem, _utility, scalar_utility
 
 #: Placement modes of the greedy fill: grow on its own nodes, move onto one node, spread over nodes.
 IN_PLACE, SINGLE, SPREAD = 0, 1, 2
@@ -37,16 +37,36 @@ class FillState:
         self.total_free = int(self.free.sum())
         self.version = 0
         self._cache: dict[str, Any] = {}
+        # Per job, its nodes and its GPUs on each as Python lists, kept until update() changes its row.
+        self._rows: dict[int, tuple[list[int], list[int]]] = {}
 
-    def update(self, j: int, old: np.ndarray, new: np.ndarray) -> None:
+    def update(self, j: int, old: np.ndarray, new: np.ndarray,
+               new_lists: tuple[list[int], list[int]] | None = None) -> None:
+        """Job j's row goes from ``old`` to ``new`` (``new_lists``: :func:`row_lists` of ``new``)."""
+        old_nodes, old_counts = self.row_lists(j, old)
+        nodes, counts = new_lists if new_lists is not None else row_lists(new)
         self.free += old - new
-        self.total_free = int(self.free.sum())
+        self.total_free += sum(old_counts) - sum(counts)
         if self.interference:
-            self.owner[self.owner == j] = -1
-            if np.count_nonzero(new) > 1:
-                self.owner[new > 0] = j
+            # Only nodes the job held can name it their owner.
+            owner = self.owner
+            for n in old_nodes:
+                if owner[n] == j:
+                    owner[n] = -1
+            if len(nodes) > 1:
+                owner[nodes] = j
+        self._rows[j] = (nodes, counts)
         self.version += 1
         self._cache.clear()
+
+    def row_lists(self, j: int, row: np.ndarray) -> tuple[list[int], list[int]]:
+        """Job j's nodes and its GPUs on each as Python lists, given its current ``row``: the greedy
+        reads them for every option it weighs, on rows of a few nodes, where numpy's per-call cost
+        dominates. Built once per job and fill (and by :meth:`update` when the row changes)."""
+        got = self._rows.get(j)
+        if got is None:
+            got = self._rows[j] = row_lists(row)
+        return got
 
     @property
     def max_free(self) -> int:
@@ -136,6 +156,12 @@ class FillState:
         return best
 
 
+def row_lists(row: np.ndarray) -> tuple[list[int], list[int]]:
+    """The nodes of one row with GPUs, and its GPUs on each, as Python lists."""
+    nodes = np.flatnonzero(row)
+    return nodes.tolist(), row[nodes].tolist()
+
+
 def place_growth(prob: PolluxProblem, a: np.ndarray, j: int, k: int, mode: int,
                  st: FillState) -> np.ndarray | None:
     """New row of job j with k more GPUs, or None, by placement ``mode``: IN_PLACE grows on its
@@ -215,13 +241,10 @@ def best_option(prob: PolluxProblem, a: np.ndarray, j: int, st: FillState,
     The same choice as :func:`option_table` (tested to agree), as a plain loop over k: the
     greedy calls this thousands of times on short rows, where numpy's per-call cost dominates.
     """
-    row = a[j]
-    mine_l: list[int] = np.flatnonzero(row).tolist()
+    mine_l, rm_l = st.row_lists(j, a[j])
     nn = len(mine_l)
-    rm_l: list[int] = []
     if nn:
         free_l = st.free_list()
-        rm_l = row[mine_l].tolist()
         fm_l = [free_l[n] for n in mine_l]
         r, own_free = sum(rm_l), sum(fm_l)
         host_own = max(f + x for f, x in zip(fm_l, rm_l, strict=True))
@@ -240,7 +263,7 @@ def best_option(prob: PolluxProblem, a: np.ndarray, j: int, st: FillState,
     best_g, best_k, best_mode = -math.inf, 0, 0
     # No k can gain more than reaching the job's best speedup anywhere: stop once k is so large
     # that even that, spread over k GPUs, cannot beat the best found.
-    top = float(_utility(np.asarray(max(best_any) * pen), p)) - u_now
+    top = prob.top_utility()[j] - u_now
     for k in range(max(1, min_r - r), kmax + 1):
         if top <= best_g * k:
             break
@@ -288,7 +311,14 @@ def _spread_sums(prob: PolluxProblem, mine: list[int], rm: list[int], st: FillSt
 
     The same order and offers as :func:`spread_order` (ties broken alike; tested to agree), on
     Python lists: :func:`best_option` needs it for most jobs it weighs, on rows of a few nodes.
+    A job without GPUs is offered what every such job is offered: that answer is kept until the
+    free GPUs change.
     """
+    if not mine:
+        got = st._cache.get("spread_sums")
+        if got is None:
+            got = st._cache["spread_sums"] = _spread_sums_of(prob, st, [], [], False)
+        return got
     free = st.free_list()
     if prob.interference:
         owner = st.owner_list()
@@ -298,6 +328,13 @@ def _spread_sums(prob: PolluxProblem, mine: list[int], rm: list[int], st: FillSt
     keep = bool(mine) and all(elig)
     offer = [(free[n] if keep else free[n] + x) if e else 0
              for n, x, e in zip(mine, rm, elig, strict=True)]
+    return _spread_sums_of(prob, st, mine, offer, keep)
+
+
+def _spread_sums_of(prob: PolluxProblem, st: FillState, mine: list[int], offer: list[int],
+                    keep: bool) -> tuple[list[int], list[int], bool]:
+    """:func:`_spread_sums` given what the job's own nodes offer."""
+    free = st.free_list()
     # Most offered first; sorted() is stable, so ties keep the node order (as argsort's "stable").
     avail = sorted(offer, key=lambda v: -v)
     others = st.spread_list()[: prob.max_nodes + len(mine)]
@@ -388,15 +425,17 @@ def _fill(prob: PolluxProblem, a: np.ndarray, loose: bool) -> np.ndarray:
     st = FillState(prob.cap - a.sum(axis=0), owner, prob.interference, loose)
     if st.total_free <= 0:
         return a
-    u_now = _utility(prob.matrix_speedups(a), p)
-    est = estimates(prob, a, st.free, owner, u_now)
+    u_arr = _utility(prob.matrix_speedups(a), p)
+    est = estimates(prob, a, st.free, owner, u_arr)
+    u_now: list[float] = u_arr.tolist()
     # Entries: (-gain per GPU, job, k, state version it was computed at; -1 = an estimate).
-    heap = [(-float(est[j]), int(j), 0, 0, -1) for j in np.flatnonzero(est > 0.0)]
+    gains = est.tolist()
+    heap = [(-gains[j], j, 0, 0, -1) for j in np.flatnonzero(est > 0.0).tolist()]
     heapq.heapify(heap)
     while heap and st.total_free > 0:
         _, j, k, mode, version = heapq.heappop(heap)
         if version != st.version:
-            g, k, mode = best_option(prob, a, j, st, float(u_now[j]))
+            g, k, mode = best_option(prob, a, j, st, u_now[j])
             if k == 0 or g <= 0.0:
                 continue
             if heap and g < -heap[0][0] * (1.0 - 1e-12):
@@ -405,10 +444,12 @@ def _fill(prob: PolluxProblem, a: np.ndarray, loose: bool) -> np.ndarray:
         new = place_growth(prob, a, j, k, mode, st)
         if new is None:
             continue
-        u_new = float(_utility(np.asarray(prob.row_speedup(j, new)), p))
+        lists = row_lists(new)
+        s = prob.speedup_at(j, len(lists[0]), sum(lists[1]), bool((new != prob.cur[j]).any()))
+        u_new = scalar_utility(s, p)
         if u_new <= u_now[j]:
             continue
-        st.update(j, a[j], new)
+        st.update(j, a[j], new, lists)
         a[j] = new
         u_now[j] = u_new
         g, k, mode = best_option(prob, a, j, st, u_new)

@@ -15,6 +15,7 @@ order :attr:`PolluxProblem.job_ids` and the cluster's node order; populations ar
 
 from __future__ import annotations
 
+import math
 from collections import OrderedDict
 from collections.abc import Sequence
 from typing import Any
@@ -44,6 +45,19 @@ def _utility(s: np.ndarray, p: float) -> np.ndarray:
     x = np.asarray(s, dtype=np.float64) + SPEEDUP_EPS
     if p == 0.0:
         return np.log(x)
+    if p < 0.0:
+        return -(x**p)
+    return x**p
+
+
+def scalar_utility(s: float, p: float) -> float:
+    """:func:`_utility` of one speedup in plain floats (the greedy's fast path): the same value for
+    the default p = −1 (a division either way), within rounding of the last bit otherwise."""
+    x = s + SPEEDUP_EPS
+    if p == 0.0:
+        return math.log(x)
+    if p == -1.0:
+        return -1.0 / x
     if p < 0.0:
         return -(x**p)
     return x**p
@@ -145,6 +159,7 @@ class PolluxProblem:
         #: The greedy fills already made on this problem, by (matrix bytes, loose): see
         #: :func:`pollux.policy.pollux.fill.greedy`.
         self.fills: dict[tuple[bytes, bool], np.ndarray] = {}
+        self._top_utility: list[float] | None = None
 
     # ----------------------------------------------------------------------------------------
     # Objective. Populations are float32 arrays (jobs, population, nodes) of whole numbers: this
@@ -192,13 +207,22 @@ class PolluxProblem:
             s = np.where(changed, s * self.pen, s)
         return s
 
-    def row_speedup(self, j: int, row: np.ndarray) -> float:
-        """Penalised speedup of job ``j`` on one row."""
+    def speedup_at(self, j: int, nodes: int, replicas: int, changed: bool) -> float:
+        """Speedup of job ``j`` on ``replicas`` GPUs over ``nodes`` nodes, penalised when its row
+        ``changed`` from the current one."""
         # The table entry read from the job's Python lists (the greedy's fast path; the same value
         # as ``lookup``).
         rows, _ = self.tables.as_lists(j)
-        s = rows[min(int(np.count_nonzero(row)), self.tables.nt_max)][min(int(row.sum()), self.tables.rt_max)]
-        return s * float(self.pen[j]) if bool((row != self.cur[j]).any()) else s
+        s = rows[min(nodes, self.tables.nt_max)][min(replicas, self.tables.rt_max)]
+        return s * float(self.pen[j]) if changed else s
+
+    def top_utility(self) -> list[float]:
+        """Per job, the objective term of the best speedup its table holds, penalised: no growth of
+        the job can gain more (the greedy's bound). Computed once per problem."""
+        if self._top_utility is None:
+            best = self.tables.best_any_nodes.max(axis=1, initial=0.0) * self.pen
+            self._top_utility = _utility(best, self.p).tolist()
+        return self._top_utility
 
     def fitness(self, matrix: np.ndarray) -> float:
         """FITNESS_p of one ``(jobs, nodes)`` matrix."""
