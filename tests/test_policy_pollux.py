@@ -459,6 +459,11 @@ def test_fitness_matches_formula() -> None:
     want0 = float(np.exp(np.mean([np.log(v + 1e-3) for v in s.values()])))
     assert geo.fitness(to_matrix(cand, geo.job_ids, cluster)) == pytest.approx(want0)
 
+    # The pair the searches rank by: the penalised fitness, then the fitness without the penalty.
+    m = to_matrix(cand, prob.job_ids, cluster)
+    unpenalised = {"a": 3 / 3 * 0.25, "b": 1 / 3 * 0.25, "c": 1 / 3 * 0.25}
+    want_raw = 3 / sum(1 / (v + 1e-3) for v in unpenalised.values())
+    assert prob.fitness_pair(m) == (prob.fitness(m), pytest.approx(want_raw))
 
 def test_restart_penalty_keeps_a_young_job_in_place() -> None:
     """A young job holding 1 GPU would grow without the penalty; with δ = 30 s it stays put."""

@@ -234,8 +234,11 @@ class PolluxProblem:
         """(FITNESS_p, unpenalised FITNESS_p) of one matrix: the order of the genetic selection."""
         if self.num_jobs == 0:
             return 1.0, 1.0
-        return (float(_power_mean(self.matrix_speedups(matrix), self.p, self.absent)),
-                float(_power_mean(self.matrix_speedups(matrix, penalised=False), self.p, self.absent)))
+        raw = self.matrix_speedups(matrix, penalised=False)
+        changed = (np.asarray(matrix) != self.cur).any(axis=1)
+        penalised = np.where(changed, raw * self.pen, raw)      # as matrix_speedups, one lookup
+        return (float(_power_mean(penalised, self.p, self.absent)),
+                float(_power_mean(raw, self.p, self.absent)))
 
     def to_allocation(self, matrix: np.ndarray) -> Allocation:
         """The allocation of one ``(jobs, nodes)`` matrix, keyed by job and node ids."""
