@@ -78,6 +78,49 @@ def growth_options(prob: PolluxProblem, a: np.ndarray, j: int,
     return k[ok], n_new[ok], mode[ok], val[ok]
 
 
+def estimate_oracle(prob: PolluxProblem, a: np.ndarray, free: np.ndarray, owner: np.ndarray,
+                    u_now: np.ndarray) -> np.ndarray:
+    """:func:`pollux.policy.pollux.fill.estimates` job by job and k by k, as its docstring reads:
+    the best gain per GPU over k = 1 … kmax of the best of growing in place (its own nodes' free
+    GPUs), onto one node (the roomiest node, its own counting its GPUs) or spread over the nodes
+    without a distributed job, most free first."""
+    room_all = [int(prob.max_replicas[j] - a[j].sum()) if prob.movable[j] else 0
+                for j in range(prob.num_jobs)]
+    kmax = min(max(room_all, default=0), int(free.sum()))
+    if kmax <= 0:
+        return np.zeros(prob.num_jobs)
+    elig = sorted((int(free[n]) for n in range(prob.num_nodes) if not prob.interference or owner[n] < 0),
+                  reverse=True)
+    cum = np.cumsum(elig)
+    table, nt, rt = prob.tables.table, prob.tables.nt_max, prob.tables.rt_max
+    out = np.full(prob.num_jobs, -np.inf)
+    for j in range(prob.num_jobs):
+        mine = [n for n in range(prob.num_nodes) if a[j, n] > 0]
+        r = int(a[j].sum())
+        own_free = sum(int(free[n]) for n in mine)
+        host = max([int(free.max())] + [int(free[n] + a[j, n]) for n in mine])
+        for k in range(1, kmax + 1):
+            rk = r + k
+            if k > room_all[j] or rk < prob.min_replicas[j]:
+                continue
+            rc = min(rk, rt)
+            vals = [-1.0]
+            if r > 0 and k <= own_free:
+                vals.append(table[j, min(len(mine), nt), rc])
+            if rk <= host:
+                vals.append(table[j, min(1, nt), rc])
+            extra = max(k - own_free if r > 0 else rk, 1)
+            if cum.size and extra <= cum[-1]:
+                spread = (len(mine) if r > 0 else 0) + int(np.argmax(cum >= extra)) + 1
+                if spread <= prob.max_nodes:
+                    vals.append(table[j, min(spread, nt), rc])
+            if max(vals) < 0:
+                continue
+            x = max(vals) * prob.pen[j] + 1e-3
+            u = np.log(x) if prob.p == 0 else (-(x**prob.p) if prob.p < 0 else x**prob.p)
+            out[j] = max(out[j], (u - u_now[j]) / k)
+    return out
+
 def random_model(rng: np.random.Generator) -> tuple[GoodputModel, BatchLimits]:
     def lu(lo: float, hi: float) -> float:
         return float(np.exp(rng.uniform(np.log(lo), np.log(hi))))

@@ -7,7 +7,7 @@ import json
 import numpy as np
 import pytest
 
-from policy_oracles import growth_options, random_model
+from policy_oracles import estimate_oracle, growth_options, random_model
 from pollux.goodput import (
     BatchLimits,
     GoodputModel,
@@ -28,7 +28,7 @@ from pollux.policy.base import (
 )
 from pollux.policy.pollux import FillState, PolluxPolicy, _utility
 from pollux.policy.pollux import fill as fill_module
-from pollux.policy.pollux.fill import best_option, greedy, place_growth
+from pollux.policy.pollux.fill import best_option, estimates, greedy, place_growth
 from pollux.policy.pollux.local import local_search
 
 # --------------------------------------------------------------------------------------------
@@ -335,6 +335,38 @@ def test_fill_state_kept_by_updates_matches_a_fresh_one() -> None:
             for i in range(prob.num_jobs):
                 assert st.row_lists(i, a[i]) == fresh.row_lists(i, a[i])
     assert checked > 100 and moved > 5, (checked, moved)
+
+
+def test_fill_estimates_match_a_job_by_job_oracle() -> None:
+    """The greedy's first queue (vectorised over the cells that hold GPUs) against the plain loop."""
+    checked = 0
+    for seed in range(12):
+        # Nodes of unequal sizes too: a job's own node may then offer more than any free node.
+        jobs, cluster, alloc = random_case(400 + seed, uniform=seed % 2 == 0, max_nodes=8, max_jobs=12)
+        for p in (-1.0, 0.0, 0.5):
+            prob = PolluxPolicy(p=p, max_nodes_per_job=3).problem(with_allocation(jobs, alloc), cluster)
+            rng = np.random.default_rng(seed)
+            # The current rows with some jobs dropped (GPUs free on many nodes), and a full cluster
+            # with one running job dropped (a few free GPUs, next to the jobs' own).
+            loose = np.array(prob.repair_one(prob.cur), dtype=np.int64)
+            loose[rng.random(prob.num_jobs) < 0.3] = 0
+            tight = greedy(prob, prob.repair_one(prob.cur))
+            running = np.flatnonzero(tight.sum(axis=1) > 0)
+            tight[running[rng.integers(running.size)]] = 0
+            # Many jobs on two nodes each (distributed jobs weigh in-place, one-node and spread apart).
+            spread = np.zeros_like(loose)
+            for j in rng.permutation(prob.num_jobs):
+                for n in rng.choice(prob.num_nodes, size=min(2, prob.num_nodes), replace=False):
+                    room = int(prob.cap[n] - spread[:, n].sum())
+                    spread[j, n] += max(min(int(rng.integers(1, 3)), room), 0)
+            for a in (loose, tight, spread):
+                free = prob.cap - a.sum(axis=0)
+                owner = prob.owners(a)
+                u_now = _utility(prob.matrix_speedups(a), p)
+                got = estimates(prob, a, free, owner, u_now)
+                np.testing.assert_allclose(got, estimate_oracle(prob, a, free, owner, u_now), rtol=1e-12)
+                checked += int(np.isfinite(got).sum())
+    assert checked > 100
 
 
 # --------------------------------------------------------------------------------------------
