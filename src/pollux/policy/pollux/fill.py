@@ -354,8 +354,9 @@ def estimates(prob: PolluxProblem, a: np.ndarray, free: np.ndarray, owner: np.nd
     without a distributed job; the greedy re-evaluates each job exactly before using it.
     """
     # Per job sums over the cells it holds, read from those cells alone: at 4,096 GPUs a matrix has
-    # a million cells and a few thousand of them hold GPUs.
-    jobs_i, nodes_i = np.nonzero(a)
+    # a million cells and a few thousand of them hold GPUs. (The flat indices split by divmod are
+    # np.nonzero's, several times faster than its two-dimensional form.)
+    jobs_i, nodes_i = np.divmod(np.flatnonzero(a), a.shape[1])
     held = a[jobs_i, nodes_i]
     r = np.bincount(jobs_i, weights=held, minlength=prob.num_jobs).astype(np.int64)
     room = np.where(prob.movable, prob.max_replicas - r, 0)
