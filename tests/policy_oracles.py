@@ -121,6 +121,7 @@ def estimate_oracle(prob: PolluxProblem, a: np.ndarray, free: np.ndarray, owner:
             out[j] = max(out[j], (u - u_now[j]) / k)
     return out
 
+
 def random_model(rng: np.random.Generator) -> tuple[GoodputModel, BatchLimits]:
     def lu(lo: float, hi: float) -> float:
         return float(np.exp(rng.uniform(np.log(lo), np.log(hi))))

@@ -497,6 +497,7 @@ def test_fitness_matches_formula() -> None:
     want_raw = 3 / sum(1 / (v + 1e-3) for v in unpenalised.values())
     assert prob.fitness_pair(m) == (prob.fitness(m), pytest.approx(want_raw))
 
+
 def test_restart_penalty_keeps_a_young_job_in_place() -> None:
     """A young job holding 1 GPU would grow without the penalty; with δ = 30 s it stays put."""
     cluster = Cluster.uniform(2, 4)

@@ -14,6 +14,7 @@ import bisect
 import heapq
 import itertools
 import math
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -66,6 +67,14 @@ class FillState:
         got = self._rows.get(j)
         if got is None:
             got = self._rows[j] = row_lists(row)
+        return got
+
+    def memo(self, key: str, make: Callable[[], Any]) -> Any:
+        """``make()``, kept under ``key`` until the next :meth:`update` (for answers that depend
+        only on the free GPUs and owners, shared by every job that asks)."""
+        got = self._cache.get(key)
+        if got is None:
+            got = self._cache[key] = make()
         return got
 
     @property
@@ -315,10 +324,7 @@ def _spread_sums(prob: PolluxProblem, mine: list[int], rm: list[int], st: FillSt
     free GPUs change.
     """
     if not mine:
-        got = st._cache.get("spread_sums")
-        if got is None:
-            got = st._cache["spread_sums"] = _spread_sums_of(prob, st, [], [], False)
-        return got
+        return st.memo("spread_sums", lambda: _spread_sums_of(prob, st, [], [], False))
     free = st.free_list()
     if prob.interference:
         owner = st.owner_list()

@@ -202,10 +202,13 @@ class PolluxProblem:
         """Per-job speedups of one ``(jobs, nodes)`` integer matrix."""
         a = np.asarray(matrix)
         s = self.lookup(np.arange(self.num_jobs), np.count_nonzero(a, axis=1), a.sum(axis=1))
-        if penalised:
-            changed = (a != self.cur).any(axis=1)
-            s = np.where(changed, s * self.pen, s)
-        return s
+        return self._penalised(a, s) if penalised else s
+
+    def _penalised(self, a: np.ndarray, s: np.ndarray) -> np.ndarray:
+        """Unpenalised per-job speedups ``s`` of matrix ``a``, times the re-allocation penalty factor
+        where a job's row differs from its current one."""
+        changed = (a != self.cur).any(axis=1)
+        return np.where(changed, s * self.pen, s)
 
     def speedup_at(self, j: int, nodes: int, replicas: int, changed: bool) -> float:
         """Speedup of job ``j`` on ``replicas`` GPUs over ``nodes`` nodes, penalised when its row
@@ -235,8 +238,7 @@ class PolluxProblem:
         if self.num_jobs == 0:
             return 1.0, 1.0
         raw = self.matrix_speedups(matrix, penalised=False)
-        changed = (np.asarray(matrix) != self.cur).any(axis=1)
-        penalised = np.where(changed, raw * self.pen, raw)      # as matrix_speedups, one lookup
+        penalised = self._penalised(np.asarray(matrix), raw)        # one table lookup for both
         return (float(_power_mean(penalised, self.p, self.absent)),
                 float(_power_mean(raw, self.p, self.absent)))
 
