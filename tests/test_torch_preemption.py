@@ -21,18 +21,23 @@ at every epoch end, an ``Accumulator`` of examples kept in a checkpointed histor
 
 (An epoch is measured in progress: once the batch has grown, an epoch trains more than N examples,
 so the counts are checked against the indices, not against epochs × N.)
+
+Each replica is its own process, forked from a server that has already imported torch
+(``torch_workers/forkserver.py``): the imports, not the training, were most of a run's time.
 """
 
 from __future__ import annotations
 
 import json
 from collections import Counter, defaultdict
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from torch_workers.launch import WORKERS, launch
+from torch_workers.forkserver import ForkServer
+from torch_workers.launch import WORKERS
 
 WORKER = WORKERS / "preempt_worker.py"
 N, M0, EPOCHS = 384, 8, 3
@@ -60,6 +65,14 @@ def scenarios() -> list[tuple[str, int, int, tuple[int, int]]]:
     return out
 
 
+@pytest.fixture(scope="module")
+def forks() -> Iterator[ForkServer]:
+    """Replicas forked from one process that has imported torch (start-up is most of a run's time)."""
+    server = ForkServer()
+    yield server
+    server.close()
+
+
 def read_jsonl(paths: list[Path]) -> list[dict]:
     return [json.loads(line) for p in paths if p.exists() for line in p.read_text().splitlines()
             if line.strip()]
@@ -68,13 +81,13 @@ def read_jsonl(paths: list[Path]) -> list[dict]:
 @pytest.mark.parametrize(("kind", "count", "rank", "seq"), scenarios(),
                          ids=[f"{k}{c}-rank{r}-{a}to{b}" for k, c, r, (a, b) in scenarios()])
 def test_sigterm_at_any_moment_then_resume_on_another_replica_count(
-        tmp_path: Path, kind: str, count: int, rank: int, seq: tuple[int, int]) -> None:
+        tmp_path: Path, forks: ForkServer, kind: str, count: int, rank: int, seq: tuple[int, int]) -> None:
     out, ckpt = tmp_path / "out", tmp_path / "ckpt"
     common = {"TEST_OUT_DIR": str(out), "TEST_N": str(N), "TEST_M0": str(M0), "TEST_EPOCHS": str(EPOCHS),
               "TEST_AUTOSCALE": "64,2,16", "TEST_STEP_SLEEP": "0.003", "POLLUX_REFIT_INTERVAL_S": "0.2"}
-    first = launch(WORKER, seq[0], out, checkpoint_dir=ckpt, tag="p1",
-                   env={**common, "TEST_TAG": "p1", "POLLUX_FAULT_SIGTERM": f"{kind}:{count}",
-                        "POLLUX_FAULT_SIGTERM_RANK": str(rank)})
+    first = forks.launch(WORKER, seq[0], out, checkpoint_dir=ckpt, tag="p1",
+                         env={**common, "TEST_TAG": "p1", "POLLUX_FAULT_SIGTERM": f"{kind}:{count}",
+                              "POLLUX_FAULT_SIGTERM_RANK": str(rank)})
     try:
         codes = first.wait(150)
         assert codes == [143] * seq[0], first.output()
@@ -82,7 +95,8 @@ def test_sigterm_at_any_moment_then_resume_on_another_replica_count(
         first.kill()
     log = (out / f"p1-rank{rank}.log").read_text()
     assert f"fault injection: SIGTERM at {kind} #{count}" in log, first.output()
-    second = launch(WORKER, seq[1], out, checkpoint_dir=ckpt, tag="p2", env={**common, "TEST_TAG": "p2"})
+    second = forks.launch(WORKER, seq[1], out, checkpoint_dir=ckpt, tag="p2",
+                          env={**common, "TEST_TAG": "p2"})
     try:
         codes = second.wait(150)
         assert codes == [0] * seq[1], second.output()

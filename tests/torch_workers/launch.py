@@ -1,7 +1,9 @@
 """Start training scripts as a group of gloo replicas on loopback, the way the Pollux service would
 (with the variables of :mod:`pollux.contract`).
 
-Used by the multi-process tests: every process is started here, recorded by PID and stopped by PID.
+Used by the multi-process tests: every process is started here, recorded by PID and stopped by PID
+(or, in the files whose runs are mostly start-up, forked by :mod:`forkserver` with the same
+variables and handled through the same :class:`ReplicaGroup`).
 """
 
 from __future__ import annotations
