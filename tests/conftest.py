@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
+
 import pytest
+
+if TYPE_CHECKING:
+    from torch_workers.forkserver import ForkServer
 
 
 @pytest.fixture
@@ -21,3 +27,14 @@ def agent(monkeypatch: pytest.MonkeyPatch):
     reset_context()
     yield monkeypatch
     reset_context()
+
+
+@pytest.fixture(scope="module")
+def forks() -> Iterator[ForkServer]:
+    """Replicas forked from one process that has imported torch, for the files whose runs are mostly
+    start-up (:mod:`torch_workers.forkserver`); one server per test file, stopped after it."""
+    from torch_workers.forkserver import ForkServer
+
+    server = ForkServer()
+    yield server
+    server.close()

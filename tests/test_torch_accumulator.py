@@ -19,7 +19,8 @@ import torch.distributed as dist
 import pollux.torch as ptorch
 from pollux.torch.accumulator import _union_keys
 from pollux.torch.context import get_context, reset_context
-from torch_workers.launch import WORKERS, launch
+from torch_workers.forkserver import ForkServer
+from torch_workers.launch import WORKERS
 
 WORKER = WORKERS / "accum_worker.py"
 
@@ -224,12 +225,12 @@ def read_totals(out: Path, tag: str, replicas: int) -> list[dict]:
     return per_rank[0]
 
 
-def test_totals_are_exact_across_a_restart_from_2_to_3_replicas(tmp_path: Path) -> None:
+def test_totals_are_exact_across_a_restart_from_2_to_3_replicas(tmp_path: Path, forks: ForkServer) -> None:
     out, ckpt = tmp_path / "job", tmp_path / "ckpt"
     common = {"TEST_N": str(N), "TEST_M0": str(M0), "TEST_EPOCHS": str(EPOCHS)}
-    phase1 = launch(WORKER, 2, out, checkpoint_dir=ckpt, tag="p1",
-                    env={**common, "TEST_OUT_DIR": str(out), "TEST_TAG": "p1",
-                         "TEST_SIGTERM_AT_STEP": str(STOP_AT)})
+    phase1 = forks.launch(WORKER, 2, out, checkpoint_dir=ckpt, tag="p1",
+                          env={**common, "TEST_OUT_DIR": str(out), "TEST_TAG": "p1",
+                               "TEST_SIGTERM_AT_STEP": str(STOP_AT)})
     try:
         assert phase1.wait(120) == [143, 143], phase1.output()
     finally:
@@ -238,8 +239,8 @@ def test_totals_are_exact_across_a_restart_from_2_to_3_replicas(tmp_path: Path) 
     assert stopped == STOP_AT + 1                      # the flag travels with the next step
     done_in_epoch = stopped - STEPS                    # steps of epoch 1 done before the stop
 
-    phase2 = launch(WORKER, 3, out, checkpoint_dir=ckpt, tag="p2",
-                    env={**common, "TEST_OUT_DIR": str(out), "TEST_TAG": "p2"})
+    phase2 = forks.launch(WORKER, 3, out, checkpoint_dir=ckpt, tag="p2",
+                          env={**common, "TEST_OUT_DIR": str(out), "TEST_TAG": "p2"})
     try:
         assert phase2.wait(120) == [0, 0, 0], phase2.output()
     finally:

@@ -8,21 +8,12 @@ from __future__ import annotations
 
 import json
 from collections import Counter, defaultdict
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from torch_workers.forkserver import ForkServer
 from torch_workers.launch import WORKERS
-
-
-@pytest.fixture(scope="module")
-def forks() -> Iterator[ForkServer]:
-    """Replicas forked from one process that has imported torch (start-up is most of a run's time)."""
-    server = ForkServer()
-    yield server
-    server.close()
 
 
 def run_worker(forks: ForkServer, tmp_path: Path, shares: tuple[int, ...], micro: int, weighted: bool,

@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import json
 from collections import Counter, defaultdict
-from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -63,14 +62,6 @@ def scenarios() -> list[tuple[str, int, int, tuple[int, int]]]:
         rank = 0 if kind in ("save", "refit") else int(rng.integers(0, seq[0]))   # rank-0-only moments
         out.append((kind, count, rank, seq))
     return out
-
-
-@pytest.fixture(scope="module")
-def forks() -> Iterator[ForkServer]:
-    """Replicas forked from one process that has imported torch (start-up is most of a run's time)."""
-    server = ForkServer()
-    yield server
-    server.close()
 
 
 def read_jsonl(paths: list[Path]) -> list[dict]:

@@ -17,7 +17,8 @@ from pathlib import Path
 
 import torch
 
-from torch_workers.launch import WORKERS, launch
+from torch_workers.forkserver import ForkServer
+from torch_workers.launch import WORKERS
 
 WORKER = WORKERS / "train_worker.py"
 N, M0, EPOCHS = 360, 12, 3          # 30 steps per epoch
@@ -38,17 +39,18 @@ def replica_counts(out: Path, tag: str) -> set[int]:
             for line in p.read_text().splitlines()}
 
 
-def test_restart_1_3_2_replicas_matches_an_uninterrupted_run(tmp_path: Path) -> None:
+def test_restart_1_3_2_replicas_matches_an_uninterrupted_run(tmp_path: Path, forks: ForkServer) -> None:
     ref_out, out, ckpt = tmp_path / "ref", tmp_path / "job", tmp_path / "ckpt"
     ref_out.mkdir()
     out.mkdir()
     common = {"TEST_N": str(N), "TEST_M0": str(M0), "TEST_EPOCHS": str(EPOCHS)}
 
     # Uninterrupted reference (no checkpoint directory) next to phase 1 of the job.
-    ref = launch(WORKER, 1, ref_out, env={**common, "TEST_OUT_DIR": str(ref_out), "TEST_TAG": "ref"},
-                 tag="ref")
-    phase1 = launch(WORKER, 1, out, checkpoint_dir=ckpt, tag="p1",
-                    env={**common, "TEST_OUT_DIR": str(out), "TEST_TAG": "p1", "TEST_SIGTERM_AT_STEP": "20"})
+    ref = forks.launch(WORKER, 1, ref_out, env={**common, "TEST_OUT_DIR": str(ref_out), "TEST_TAG": "ref"},
+                       tag="ref")
+    phase1 = forks.launch(WORKER, 1, out, checkpoint_dir=ckpt, tag="p1",
+                          env={**common, "TEST_OUT_DIR": str(out), "TEST_TAG": "p1",
+                               "TEST_SIGTERM_AT_STEP": "20"})
     try:
         assert ref.wait(120) == [0], ref.output()
         assert phase1.wait(120) == [143], phase1.output()
@@ -59,8 +61,9 @@ def test_restart_1_3_2_replicas_matches_an_uninterrupted_run(tmp_path: Path) -> 
     assert (out / "steps-p1.txt").read_text() == "21"
 
     # Phase 2: 3 replicas; only rank 2 receives SIGTERM, all must checkpoint and exit 143.
-    phase2 = launch(WORKER, 3, out, checkpoint_dir=ckpt, tag="p2",
-                    env={**common, "TEST_OUT_DIR": str(out), "TEST_TAG": "p2", "TEST_STEP_SLEEP": "0.03"})
+    phase2 = forks.launch(WORKER, 3, out, checkpoint_dir=ckpt, tag="p2",
+                          env={**common, "TEST_OUT_DIR": str(out), "TEST_TAG": "p2",
+                               "TEST_STEP_SLEEP": "0.03"})
     try:
         deadline = time.monotonic() + 120
         steps_file = out / "steps-p2.txt"
@@ -77,8 +80,8 @@ def test_restart_1_3_2_replicas_matches_an_uninterrupted_run(tmp_path: Path) -> 
     stopped_at = int((out / "steps-p2.txt").read_text())
     assert 40 <= stopped_at < 60, "the second stop should fall inside epoch 1"
 
-    phase3 = launch(WORKER, 2, out, checkpoint_dir=ckpt, tag="p3",
-                    env={**common, "TEST_OUT_DIR": str(out), "TEST_TAG": "p3"})
+    phase3 = forks.launch(WORKER, 2, out, checkpoint_dir=ckpt, tag="p3",
+                          env={**common, "TEST_OUT_DIR": str(out), "TEST_TAG": "p3"})
     try:
         assert phase3.wait(120) == [0, 0], phase3.output()
     finally:
