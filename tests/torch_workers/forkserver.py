@@ -34,8 +34,7 @@ from pathlib import Path
 from typing import IO, cast
 
 if __name__ != "__main__":          # the client's side (the server, run as a script, needs none of it)
-    from pollux import contract as C
-    from torch_workers.launch import ReplicaGroup, base_env, free_port
+    from torch_workers.launch import ReplicaGroup, base_env, free_port, replica_env
 
 
 class ForkedProcess:
@@ -93,12 +92,7 @@ class ForkServer:
         workdir.mkdir(parents=True, exist_ok=True)
         procs, logs = [], []
         for rank in range(replicas):
-            extra = {C.ENV_JOB_ID: "test-job", C.ENV_RANK: str(rank), C.ENV_NUM_REPLICAS: str(replicas),
-                     C.ENV_NODE_RANK: "0", C.ENV_NUM_NODES: "1", C.ENV_MASTER_ADDR: "127.0.0.1",
-                     C.ENV_MASTER_PORT: str(port)}
-            if checkpoint_dir is not None:
-                extra[C.ENV_CHECKPOINT_DIR] = str(checkpoint_dir)
-            extra.update(env or {})
+            extra = replica_env(rank, replicas, port, checkpoint_dir=checkpoint_dir, env=env)
             log = workdir / f"{tag}-rank{rank}.log"
             procs.append(self.start(script, args or [], base_env(extra), workdir, log))
             logs.append(log)

@@ -83,6 +83,25 @@ class ReplicaGroup:
         return "\n".join(parts)
 
 
+def replica_env(rank: int, replicas: int, port: int, *, nodes: int = 1, checkpoint_dir: Path | None = None,
+                env: dict[str, str] | None = None) -> dict[str, str]:
+    """The POLLUX_* contract of replica ``rank`` (replicas spread evenly over ``nodes``), then ``env``."""
+    per_node = -(-replicas // nodes)
+    extra = {
+        C.ENV_JOB_ID: "test-job",
+        C.ENV_RANK: str(rank),
+        C.ENV_NUM_REPLICAS: str(replicas),
+        C.ENV_NODE_RANK: str(rank // per_node),
+        C.ENV_NUM_NODES: str(nodes),
+        C.ENV_MASTER_ADDR: "127.0.0.1",
+        C.ENV_MASTER_PORT: str(port),
+    }
+    if checkpoint_dir is not None:
+        extra[C.ENV_CHECKPOINT_DIR] = str(checkpoint_dir)
+    extra.update(env or {})
+    return extra
+
+
 def launch(script: str | Path, replicas: int, workdir: Path, *, args: list[str] | None = None,
            env: dict[str, str] | None = None, checkpoint_dir: Path | None = None, tag: str = "run",
            nodes: int = 1, rank_env: dict[int, dict[str, str]] | None = None) -> ReplicaGroup:
@@ -90,20 +109,8 @@ def launch(script: str | Path, replicas: int, workdir: Path, *, args: list[str] 
     port = free_port()
     group = ReplicaGroup()
     workdir.mkdir(parents=True, exist_ok=True)
-    per_node = -(-replicas // nodes)
     for rank in range(replicas):
-        extra = {
-            C.ENV_JOB_ID: "test-job",
-            C.ENV_RANK: str(rank),
-            C.ENV_NUM_REPLICAS: str(replicas),
-            C.ENV_NODE_RANK: str(rank // per_node),
-            C.ENV_NUM_NODES: str(nodes),
-            C.ENV_MASTER_ADDR: "127.0.0.1",
-            C.ENV_MASTER_PORT: str(port),
-        }
-        if checkpoint_dir is not None:
-            extra[C.ENV_CHECKPOINT_DIR] = str(checkpoint_dir)
-        extra.update(env or {})
+        extra = replica_env(rank, replicas, port, nodes=nodes, checkpoint_dir=checkpoint_dir, env=env)
         extra.update((rank_env or {}).get(rank, {}))
         log = workdir / f"{tag}-rank{rank}.log"
         with open(log, "wb") as out:
