@@ -32,8 +32,8 @@ from dataclasses import dataclass
 
 import numpy as np
 from numpy.typing import ArrayLike
-from scipy.optimize import minimize
 
+from pollux.goodput.lbfgsb import LbfgsbResult, minimise
 from pollux.goodput.records import ThroughputParams
 from pollux.goodput.threads import one_blas_thread
 from pollux.goodput.throughput import PARAM_NAMES
@@ -284,10 +284,18 @@ def _stuck_at_floor(objective: _Objective, x: np.ndarray, z_data: np.ndarray,
     return (free != _GAMMA) & (x < z_data - np.log(1e3)) & (grad < 0.0)
 
 
-def _minimise(objective: _Objective, x0: np.ndarray, bounds: list, ftol: float):
+def _bounds(free: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Lower and upper bounds of the free parameters: log α and log β within the floor and ceiling,
+    γ within its own."""
+    lower = np.where(free == _GAMMA, GAMMA_BOUNDS[0], np.log(PARAM_FLOOR))
+    upper = np.where(free == _GAMMA, GAMMA_BOUNDS[1], np.log(PARAM_CEIL))
+    return lower, upper
+
+
+def _minimise(objective: _Objective, x0: np.ndarray, bounds: tuple[np.ndarray, np.ndarray],
+              ftol: float) -> LbfgsbResult:
     with np.errstate(all="ignore"):
-        return minimize(objective, x0, jac=True, method="L-BFGS-B", bounds=bounds,
-                        options={"maxiter": 500, "ftol": ftol})
+        return minimise(objective, x0, *bounds, ftol=ftol, maxiter=500)
 
 
 @one_blas_thread
@@ -346,8 +354,7 @@ def fit_throughput(
     objective = _Objective(kn, kr, km, kopt, kacc, free, z_spec)
     surrogate = _Objective(kn, kr, km, kopt, kacc, free, z_spec, smooth=SMOOTH)
     fine = _Objective(kn, kr, km, kopt, kacc, free, z_spec, smooth=SMOOTH_FINE)
-    bounds = [GAMMA_BOUNDS if i == _GAMMA else (np.log(PARAM_FLOOR), np.log(PARAM_CEIL))
-              for i in free]
+    bounds = _bounds(free)
     data = _data_start(kn, kr, km, kopt, kacc, spec, pinned)
     z_data = _to_z(data)
     starts = [z_data[free]]
