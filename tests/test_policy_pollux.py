@@ -305,17 +305,36 @@ def test_greedy_placement_predictions_match_placement() -> None:
     assert min(seen.values()) > 0, seen
 
 
-def test_fill_state_kept_by_updates_matches_a_fresh_one() -> None:
+def _fill_state(prob, a: np.ndarray) -> FillState:
+    """The state a fill of ``a`` starts from (owners are kept only where distributed jobs may not
+    share a node, as :func:`pollux.policy.pollux.fill.greedy` keeps them)."""
+    owner = prob.owners(a) if prob.interference else np.full(prob.num_nodes, -1)
+    return FillState(prob.cap - a.sum(axis=0), owner, prob.interference)
+
+
+def _node_orders(st: FillState, a: np.ndarray, nodes: int) -> tuple:
+    """Everything a fill reads of the node orders: the Python lists, the spread order, and the node
+    single_node picks (tight) for every job and size."""
+    picks = [st.single_node(total, np.flatnonzero(a[j]), a[j]) for j in range(a.shape[0])
+             for total in range(1, 10)]
+    return st.free_list(), st.owner_list(), st.spread_prefix(nodes + 1), picks
+
+
+@pytest.mark.parametrize("interference", [True, False])
+def test_fill_state_kept_by_updates_matches_a_fresh_one(interference: bool) -> None:
     """What :meth:`FillState.update` keeps incrementally (free GPUs, their total, the distributed
-    owners, each job's node and GPU lists) equals a state built afresh from the changed matrix."""
+    owners, each job's node and GPU lists, the node orders kept sorted) equals a state built afresh
+    from the changed matrix."""
     checked = moved = 0
     for seed in range(10):
         jobs, cluster, alloc = random_case(300 + seed, max_nodes=8, max_jobs=10)
-        prob = PolluxPolicy(max_nodes_per_job=3).problem(with_allocation(jobs, alloc), cluster)
+        policy = PolluxPolicy(max_nodes_per_job=3, interference_avoidance=interference)
+        prob = policy.problem(with_allocation(jobs, alloc), cluster)
         a = np.array(prob.repair_one(prob.cur), dtype=np.int64)
-        st = FillState(prob.cap - a.sum(axis=0), prob.owners(a), prob.interference)
+        st = _fill_state(prob, a)
         for j in range(prob.num_jobs):
             st.row_lists(j, a[j])                  # every job's lists cached before any change
+        _node_orders(st, a, prob.num_nodes)        # the sorted orders built: updates must keep them
         rng = np.random.default_rng(seed)
         for _ in range(100):
             # Any placement mode and jump, not only the greedy's pick: moves off a job's nodes too.
@@ -328,12 +347,13 @@ def test_fill_state_kept_by_updates_matches_a_fresh_one() -> None:
             st.update(j, a[j], new)
             a[j] = new
             checked += 1
-            fresh = FillState(prob.cap - a.sum(axis=0), prob.owners(a), prob.interference)
+            fresh = _fill_state(prob, a)
             np.testing.assert_array_equal(st.free, fresh.free)
             assert st.total_free == fresh.total_free
             np.testing.assert_array_equal(st.owner, fresh.owner)
             for i in range(prob.num_jobs):
                 assert st.row_lists(i, a[i]) == fresh.row_lists(i, a[i])
+            assert _node_orders(st, a, prob.num_nodes) == _node_orders(fresh, a, prob.num_nodes)
     assert checked > 100 and moved > 5, (checked, moved)
 
 

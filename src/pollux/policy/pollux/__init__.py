@@ -39,13 +39,15 @@ See ``docs/policy-pollux.md``.
 Modules: :mod:`.problem` (:class:`PolluxProblem`: jobs in priority order, penalty, evaluation, fitness),
 :mod:`.tables` (speedup tables and their one lookup), :mod:`.constraints` (feasibility, repair),
 :mod:`.population` (population layout, the carried state's codec), :mod:`.fill` (greedy fill),
-:mod:`.local` (destroy-and-refill), :mod:`.prune` (the waiting jobs a round may leave out),
+:mod:`.fill_state` (the free GPUs and node orders of one fill), :mod:`.local` (destroy-and-refill),
+:mod:`.prune` (the waiting jobs a round may leave out),
 :mod:`.reuse` (when a steady round may skip the search), :mod:`.policy` (:class:`PolluxPolicy`); the
 genetic operators are the generic :mod:`pollux.policy.genetic`.
 """
 
 from pollux.policy.genetic import RESET_PROB, ZERO_ELEM_PROB, ZERO_ROW_PROB
-from pollux.policy.pollux.fill import IN_PLACE, SINGLE, SPREAD, FillState
+from pollux.policy.pollux.fill import IN_PLACE, SINGLE, SPREAD
+from pollux.policy.pollux.fill_state import FillState
 from pollux.policy.pollux.policy import PolluxPolicy
 from pollux.policy.pollux.population import STATE_VERSION
 from pollux.policy.pollux.problem import (

@@ -3,9 +3,10 @@
 :func:`greedy` grows one feasible matrix by the best objective gain per GPU until nothing gains (a lazy
 greedy: jobs sit in a priority queue keyed by their best gain per GPU over jumps of k = 1, 2, … GPUs,
 each placed the best of three ways — grow on its own nodes, move onto one node, or spread over nodes
-without another distributed job). :class:`FillState` holds the free GPUs and distributed-job owners of
-the nodes while one matrix fills. Every function reads the problem and never changes it (apart from
-the tables' memo of rows as lists, and :func:`greedy`'s memo of its fills, ``prob.fills``).
+without another distributed job). :class:`.fill_state.FillState` holds the free GPUs and
+distributed-job owners of the nodes while one matrix fills. Every function reads the problem and
+never changes it (apart from the tables' memo of rows as lists, and :func:`greedy`'s memo of its
+fills, ``prob.fills``).
 """
 
 from __future__ import annotations
@@ -14,161 +15,14 @@ import bisect
 import heapq
 import itertools
 import math
-from collections.abc import Callable
-from typing import Any
 
 import numpy as np
 
+from pollux.policy.pollux.fill_state import FillState, row_lists
 from pollux.policy.pollux.problem import SPEEDUP_EPS, PolluxProblem, _utility, scalar_utility
 
 #: Placement modes of the greedy fill: grow on its own nodes, move onto one node, spread over nodes.
 IN_PLACE, SINGLE, SPREAD = 0, 1, 2
-
-
-class FillState:
-    """Free GPUs and distributed-job owners of the nodes while the greedy fills one matrix, with
-    the node orders its placement rule needs (each rebuilt lazily, only when asked for, after a
-    change)."""
-
-    def __init__(self, free: np.ndarray, owner: np.ndarray, interference: bool, loose: bool = False) -> None:
-        self.free = free.astype(np.int64)
-        self.loose = loose
-        self.owner = owner
-        self.interference = interference
-        self.total_free = int(self.free.sum())
-        self.version = 0
-        self._cache: dict[str, Any] = {}
-        # Per job, its nodes and its GPUs on each as Python lists, kept until update() changes its row.
-        self._rows: dict[int, tuple[list[int], list[int]]] = {}
-
-    def update(self, j: int, old: np.ndarray, new: np.ndarray,
-               new_lists: tuple[list[int], list[int]] | None = None) -> None:
-        """Job j's row goes from ``old`` to ``new`` (``new_lists``: :func:`row_lists` of ``new``)."""
-        old_nodes, old_counts = self.row_lists(j, old)
-        nodes, counts = new_lists if new_lists is not None else row_lists(new)
-        self.free += old - new
-        self.total_free += sum(old_counts) - sum(counts)
-        if self.interference:
-            # Only nodes the job held can name it their owner.
-            owner = self.owner
-            for n in old_nodes:
-                if owner[n] == j:
-                    owner[n] = -1
-            if len(nodes) > 1:
-                owner[nodes] = j
-        self._rows[j] = (nodes, counts)
-        self.version += 1
-        self._cache.clear()
-
-    def row_lists(self, j: int, row: np.ndarray) -> tuple[list[int], list[int]]:
-        """Job j's nodes and its GPUs on each as Python lists, given its current ``row``: the greedy
-        reads them for every option it weighs, on rows of a few nodes, where numpy's per-call cost
-        dominates. Built once per job and fill (and by :meth:`update` when the row changes)."""
-        got = self._rows.get(j)
-        if got is None:
-            got = self._rows[j] = row_lists(row)
-        return got
-
-    def memo(self, key: str, make: Callable[[], Any]) -> Any:
-        """``make()``, kept under ``key`` until the next :meth:`update` (for answers that depend
-        only on the free GPUs and owners, shared by every job that asks)."""
-        got = self._cache.get(key)
-        if got is None:
-            got = self._cache[key] = make()
-        return got
-
-    @property
-    def max_free(self) -> int:
-        got = self._cache.get("max")
-        if got is None:
-            got = self._cache["max"] = int(self.free.max()) if self.free.size else 0
-        return got
-
-    def _by_free(self) -> tuple[np.ndarray, np.ndarray]:
-        """Nodes by free GPUs ascending (ties by node index), and their free GPUs."""
-        got = self._cache.get("asc")
-        if got is None:
-            order = np.argsort(self.free, kind="stable")
-            got = self._cache["asc"] = (order, self.free[order])
-        return got
-
-    def _by_free_desc(self) -> np.ndarray:
-        got = self._cache.get("desc")
-        if got is None:
-            got = self._cache["desc"] = np.argsort(-self.free, kind="stable")
-        return got
-
-    def free_list(self) -> list[int]:
-        """The free GPUs per node as a Python list: :func:`best_option` reads a few entries each
-        call, where indexing a list is much cheaper than numpy."""
-        got = self._cache.get("free_list")
-        if got is None:
-            got = self._cache["free_list"] = self.free.tolist()
-        return got
-
-    def owner_list(self) -> list[int]:
-        """The distributed-job owner per node (-1: none) as a Python list (see :meth:`free_list`)."""
-        got = self._cache.get("owner_list")
-        if got is None:
-            got = self._cache["owner_list"] = self.owner.tolist()
-        return got
-
-    def spread_list(self) -> list[int]:
-        """:meth:`spread_order` as a Python list."""
-        got = self._cache.get("spread_list")
-        if got is None:
-            got = self._cache["spread_list"] = self.spread_order().tolist()
-        return got
-
-    def spread_order(self) -> np.ndarray:
-        """Nodes with free GPUs and no distributed job, most free first (ties: node order)."""
-        got = self._cache.get("spread")
-        if got is None:
-            free = self.free
-            ok = (free > 0) & (self.owner < 0) if self.interference else free > 0
-            nodes = np.flatnonzero(ok)
-            got = self._cache["spread"] = nodes[np.argsort(-free[nodes], kind="stable")]
-        return got
-
-    def single_node(self, total: int, mine: np.ndarray, row: np.ndarray, loose: bool = False) -> int:
-        """The node to hold all ``total`` GPUs of this job (-1 if none): the one that fits most
-        tightly, or with ``loose`` the one with the most room. Its own nodes offer their free GPUs
-        plus the job's, the others their free GPUs; ties prefer its own nodes, then the lower index."""
-        sign = -1 if loose else 1
-        best, key = -1, None
-        if mine.size:
-            host = self.free[mine] + row[mine]
-            ok = np.flatnonzero(host >= total)
-            if ok.size:
-                i = ok[np.argmin(sign * host[ok])]
-                best, key = int(mine[i]), (sign * int(host[i]), 0, int(mine[i]))
-        if loose:
-            for n in self._by_free_desc():          # most free first, ties by node index
-                if self.free[n] < total:
-                    break
-                if row[n] == 0:
-                    cand = (-int(self.free[n]), 1, int(n))
-                    if key is None or cand < key:
-                        best, key = int(n), cand
-                    break
-            return best
-        order, values = self._by_free()
-        i = int(np.searchsorted(values, total, side="left"))
-        while i < values.size:
-            n = int(order[i])
-            if row[n] == 0:
-                cand = (int(values[i]), 1, n)
-                if key is None or cand < key:
-                    best, key = n, cand
-                break
-            i += 1
-        return best
-
-
-def row_lists(row: np.ndarray) -> tuple[list[int], list[int]]:
-    """The nodes of one row with GPUs, and its GPUs on each, as Python lists."""
-    nodes = np.flatnonzero(row)
-    return nodes.tolist(), row[nodes].tolist()
 
 
 def place_growth(prob: PolluxProblem, a: np.ndarray, j: int, k: int, mode: int,
@@ -235,8 +89,7 @@ def spread_order(prob: PolluxProblem, row: np.ndarray, mine: np.ndarray, st: Fil
     offer *= elig_mine
     sort = np.argsort(-offer, kind="stable")
     mine, offer = mine[sort], offer[sort]
-    glob = st.spread_order()
-    cand = glob[: prob.max_nodes + mine.size]
+    cand = np.array(st.spread_prefix(prob.max_nodes + mine.size), dtype=np.int64)
     if mine.size:
         cand = cand[row[cand] == 0]
     cand = cand[: prob.max_nodes]
@@ -343,7 +196,7 @@ def _spread_sums_of(prob: PolluxProblem, st: FillState, mine: list[int], offer: 
     free = st.free_list()
     # Most offered first; sorted() is stable, so ties keep the node order (as argsort's "stable").
     avail = sorted(offer, key=lambda v: -v)
-    others = st.spread_list()[: prob.max_nodes + len(mine)]
+    others = st.spread_prefix(prob.max_nodes + len(mine))
     if mine:
         own = set(mine)
         others = [n for n in others if n not in own]
