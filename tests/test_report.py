@@ -216,6 +216,34 @@ def test_isolated_jct_by_hand(toy_profiles):
     assert isolated_jct(perfect, 4) == isolated_jct(perfect, 4)
 
 
+def test_grad_stats_many_are_grad_stats_value_for_value(toy_profiles):
+    # isolated_jct reads every candidate batch of an epoch at once: the same interpolation as one by
+    # one, to the bit, inside, between and outside the measured batch sizes, epochs clamped alike.
+    _, mixed = toy_profiles
+    batches = np.array([1.0, 10.0, 12.5, 17.0, 39.0, 40.0, 1e6])
+    for epoch in (-1, 0, 1, 5):
+        sqr, var = mixed.grad_stats_many(epoch, batches)
+        one_by_one = [mixed.grad_stats(epoch, float(b)) for b in batches]
+        assert sqr.tolist() == [g.sqr for g in one_by_one]
+        assert var.tolist() == [g.var for g in one_by_one]
+    with pytest.raises(ValueError, match="finite"):
+        mixed.grad_stats_many(0, np.array([10.0, np.nan]))
+
+
+@pytest.mark.parametrize("app", ["cifar10", "imagenet"])
+def test_grad_stats_many_interpolate_a_measured_profile_as_grad_stats_do(app):
+    folder = Path(__file__).resolve().parents[2] / "shared/data/pollux-osdi21/traces" / app
+    if not folder.is_dir():
+        pytest.skip(f"{folder} not found (the shared data sets)")
+    profile = load_profile(folder)
+    batches = np.geomspace(profile.meta.init_batch_size / 2, profile.meta.max_batch_size * 2, 50)
+    for epoch in range(0, profile.meta.epochs, max(profile.meta.epochs // 7, 1)):
+        sqr, var = profile.grad_stats_many(epoch, batches)
+        one_by_one = [profile.grad_stats(epoch, float(b)) for b in batches]
+        assert sqr.tolist() == [g.sqr for g in one_by_one]
+        assert var.tolist() == [g.var for g in one_by_one]
+
+
 def test_isolated_jct_falls_back_to_a_feasible_share(toy_profiles):
     perfect, _ = toy_profiles
     # 5 GPUs ([4, 1]: 2 nodes, 5 replicas) lies outside the profile's interpolation hull, so the job

@@ -334,6 +334,16 @@ class AppProfile:
         e = min(max(int(epoch), 0), self.meta.epochs - 1)
         return self._grad_cached(e, float(batch_size))
 
+    def grad_stats_many(self, epoch: int, batch_sizes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """:meth:`grad_stats` of many batch sizes at once, as arrays (sqr, var): the same
+        interpolation, value for value (not memoised)."""
+        e = min(max(int(epoch), 0), self.meta.epochs - 1)
+        batch_sizes = np.asarray(batch_sizes, dtype=np.float64)
+        if not np.all(np.isfinite(batch_sizes)):
+            raise ValueError(f"{self.name}: batch sizes must be finite")
+        return (np.interp(batch_sizes, self.batch_sizes, self.grad_sqr[:, e]),
+                np.interp(batch_sizes, self.batch_sizes, self.grad_var[:, e]))
+
     def _grad_lookup(self, epoch: int, batch_size: float) -> GradStats:
         if not math.isfinite(batch_size):
             raise ValueError(f"{self.name}: batch_size must be finite, got {batch_size!r}")
