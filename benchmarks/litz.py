@@ -81,7 +81,7 @@ import numpy as np
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-#: vs_ddp's time-to-loss target: the synchronous objective after this many iterations.
+#: vs_ddp's time-to-loss target: the synchronous objective after this many iterations (`Sizes.to_loss_at`).
 TO_LOSS_AT = 60
 SECTIONS = ("scale_out", "scale_in", "overpartition", "ssp", "vs_ddp")
 EMULATION_NOTE = (
@@ -131,18 +131,23 @@ class Sizes:
     # vs_ddp
     litz_steps: int = 400
     repeats: int = 3
+    to_loss_at: int = TO_LOSS_AT
 
     @classmethod
     def quick(cls) -> Sizes:
         # scale_out: 200 iterations (about 9 s of work) so that the elastic run outlasts the four
         # new workers' start-up (2-4 s on the 2-core VM under load; with 48 iterations the job
-        # ended first on 2026-11-28 and no executor moved)
+        # ended first on 2026-11-28 and no executor moved; on 2026-12-01, under load, 200 left
+        # 2.2 s to spare, so not fewer). Elsewhere a run's actor start-up (about 3 s) is most of its
+        # time; the work cut to what the checks need: 4 MLR iterations an epoch in overpartition
+        # (10,000 rows), and vs_ddp's time-to-loss run (every iteration evaluates all 60,000 rows)
+        # to the objective after 20 iterations, still on the way down (60: 3-4 s longer).
         return cls(
             mlr_floor_s=0.01, mlr_iterations=200, so_repeats=1, lda_floor_s=0.02, lda_docs=400,
             lda_doc_length=60, lda_epochs=3, scale_in_mlr_iterations=24, op_per_worker=(1, 2),
-            op_mlr_n=20000, op_mlr_global_batch=2048, op_small=False, op_epochs=3, op_repeats=1,
+            op_mlr_n=10000, op_mlr_global_batch=2048, op_small=False, op_epochs=3, op_repeats=1,
             op_lda_docs=300, op_lda_epochs=3,
-            ssp_iterations=15, ssp_floor_s=0.005, litz_steps=50, repeats=1,
+            ssp_iterations=15, ssp_floor_s=0.005, litz_steps=50, repeats=1, to_loss_at=20,
         )  # fmt: skip
 
 
@@ -620,7 +625,7 @@ def vs_ddp(sz: Sizes, ddp: dict[str, Any]) -> dict[str, Any]:
     sync, ssp_row = rows[0], rows[1]
     # Time to a loss at s = 2. This model converges within ~100 iterations and then hovers at its
     # noise floor, so the target is a loss on the way down: the synchronous objective after
-    # `TO_LOSS_AT` iterations (the numpy reference, which computes DDP's and Litz s = 0's updates).
+    # `sz.to_loss_at` iterations (the numpy reference, which computes DDP's and Litz s = 0's updates).
     # Iterations to reach it at s = 0 (the reference, every iteration) and at s = 2 (an untimed Litz
     # run evaluating the objective every iteration), times the examples/s measured above, give the
     # time-to-loss ratio against DDP.
@@ -628,10 +633,11 @@ def vs_ddp(sz: Sizes, ddp: dict[str, Any]) -> dict[str, Any]:
 
     same = dict(n=c["n"], d=c["d"], classes=c["classes"], separation=c["separation"], seed=c["seed"],
                 batch_size=c["batch_per_process"], lr=c["lr"])  # fmt: skip
-    ref = numpy_sgd_reference(num_executors=c["world_size"], iterations=TO_LOSS_AT, report_every=1, **same)
+    ref = numpy_sgd_reference(num_executors=c["world_size"], iterations=sz.to_loss_at, report_every=1,
+                              **same)
     target = float(ref[-1][1])
     s0_iters = next(i for i, o in ref if o <= target)
-    app = mlr_app(**same, staleness=ssp_row["staleness"], iterations=4 * TO_LOSS_AT, report_every=1,
+    app = mlr_app(**same, staleness=ssp_row["staleness"], iterations=4 * sz.to_loss_at, report_every=1,
                   target_loss=target)
     summ, _, _ = run_litz(app, runtime_config(num_executors=c["world_size"], num_workers=c["world_size"],
                                               num_shards=1))  # fmt: skip
@@ -649,7 +655,7 @@ def vs_ddp(sz: Sizes, ddp: dict[str, Any]) -> dict[str, Any]:
         "ratio_ray_calls": next((r["ratio_vs_ddp"] for r in rows if not r["direct_channel"]), None),
         "ssp_staleness": ssp_row["staleness"],
         "ssp_objective_within_0_1pct_of_ddp": ssp_same_loss,
-        "to_loss": {"target": target, "from": f"synchronous objective after {TO_LOSS_AT} iterations",
+        "to_loss": {"target": target, "from": f"synchronous objective after {sz.to_loss_at} iterations",
                     "iterations_s0": s0_iters, "iterations_ssp": ssp_iters},
         "ssp_time_to_loss_ratio": ssp_time_ratio,
         "sync_objective_rel_vs_ddp": sync["objective_rel_vs_ddp"],

@@ -3,7 +3,7 @@
 The quick run: a real server (embedded Ray host, 2 virtual nodes x 2 GPU slots, the service
 process), 12 short training jobs submitted in bursts with a cancel burst after each, and the service
 SIGKILLed 3 times and restarted: no job lost, none run twice, every job final, each job's examples
-seen exactly once per finished epoch. About 75 s on 2 cores. The benchmark runs as a subprocess
+seen exactly once per finished epoch. About 50 s on 2 cores. The benchmark runs as a subprocess
 (this process never joins Ray); if it overruns, it gets SIGTERM, on which it stops its server
 before exiting.
 """
