@@ -331,13 +331,16 @@ class AppProfile:
     def grad_stats(self, epoch: int, batch_size: float) -> GradStats:
         """Gradient statistics (sqr, var at M0) of the 0-based ``epoch`` (clamped to [0, epochs − 1]),
         interpolated linearly between the nearest measured batch sizes (clamped outside their range)."""
-        e = min(max(int(epoch), 0), self.meta.epochs - 1)
-        return self._grad_cached(e, float(batch_size))
+        return self._grad_cached(self._epoch_index(epoch), float(batch_size))
+
+    def _epoch_index(self, epoch: int) -> int:
+        """``epoch`` clamped to the measured epochs [0, epochs − 1]."""
+        return min(max(int(epoch), 0), self.meta.epochs - 1)
 
     def grad_stats_many(self, epoch: int, batch_sizes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """:meth:`grad_stats` of many batch sizes at once, as arrays (sqr, var): the same
         interpolation, value for value (not memoised)."""
-        e = min(max(int(epoch), 0), self.meta.epochs - 1)
+        e = self._epoch_index(epoch)
         batch_sizes = np.asarray(batch_sizes, dtype=np.float64)
         if not np.all(np.isfinite(batch_sizes)):
             raise ValueError(f"{self.name}: batch sizes must be finite")
