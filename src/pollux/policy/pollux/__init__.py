@@ -30,8 +30,10 @@ Before the search, waiting jobs that cannot matter are left out: interchangeable
 table and limits) beyond what the cluster could run at once, ranked by their penalty factors
 (:mod:`.prune`; no optimum is lost, and the fitness still counts them).
 
-On clusters where the dense population would exceed ``dense_limit`` elements (e.g. 1024 × 4 GPUs
-with 1000 jobs) steps 1–2 alone run and a few best individuals are carried. Internally jobs are
+Step 3 runs only on problems of at most ``genetic_limit / population`` jobs × nodes (512 by
+default): above that it was measured to find nothing steps 1–2 had not. On clusters where the dense
+population would exceed ``dense_limit`` elements (e.g. 1024 × 4 GPUs with 1000 jobs) steps 1–2 run
+with fewer starts and a few best individuals are carried. Internally jobs are
 sorted by priority (pinned, then least attained service, then submission time), so the repair's
 "later jobs lose" rules are cumulative sums along the job axis.
 See ``docs/policy-pollux.md``.
