@@ -51,7 +51,8 @@ def carried(policy: PolluxPolicy, jobs, alloc, state) -> int:
 
 def test_above_the_limit_the_greedy_search_decides_and_carries_a_full_population() -> None:
     jobs, alloc = jobs_and_allocation(0, 40)              # 40 jobs × 16 nodes = 640 cells > 512
-    policy = PolluxPolicy()
+    # keep_large=1: what a large cluster would carry; this problem carries up to its population.
+    policy = PolluxPolicy(keep_large=1)
     out, state = decide(policy, jobs, alloc)
     assert state["search"] == "greedy" and state["generations"] == 0
     assert policy.keep_large < carried(policy, jobs, alloc, state) <= policy.population
