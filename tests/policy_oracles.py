@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from pollux.goodput import BatchLimits, GoodputModel, GradStats, ThroughputParams
+from pollux.policy.base import Cluster, JobView
 from pollux.policy.pollux.fill import SINGLE, SPREAD, FillState, spread_order
 from pollux.policy.pollux.problem import PolluxProblem
 
@@ -135,3 +136,26 @@ def random_model(rng: np.random.Generator) -> tuple[GoodputModel, BatchLimits]:
     limits = BatchLimits(m0, max_batch_size=32 * m0, min_local_bsz=max(1.0, m0 / 4),
                          max_local_bsz=2 * m0, accumulation=True)
     return GoodputModel(params, GradStats(lu(1e-4, 10.0), lu(1e-2, 50.0)), m0), limits
+
+
+def random_mixed_round(rng: np.random.Generator, cluster: Cluster,
+                       count: int) -> tuple[list[JobView], dict[str, dict[str, int]]]:
+    """``count`` jobs ``j0…`` with random models, ages, restarts and service; every other one runs on
+    1–3 GPUs of the roomiest node (where some are left). Returns the jobs and that allocation."""
+    free = cluster.capacity().copy()
+    jobs, alloc = [], {}
+    for i in range(count):
+        model, limits = random_model(rng)
+        row: dict[str, int] = {}
+        if i % 2 == 0:
+            n = int(np.argmax(free))
+            take = int(min(free[n], rng.integers(1, 4)))
+            if take:
+                row = {cluster.nodes[n]: take}
+                free[n] -= take
+                alloc[f"j{i}"] = row
+        jobs.append(JobView(id=f"j{i}", submit_time=0.0, age_s=float(rng.uniform(30, 3000)),
+                            restarts=int(rng.integers(0, 3)), attained_service=float(rng.uniform(0, 1e4)),
+                            allocation=row, model=model, limits=limits,
+                            max_replicas_seen=int(rng.choice([1, 2, 4, 8]))))
+    return jobs, alloc

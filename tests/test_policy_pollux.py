@@ -7,7 +7,7 @@ import json
 import numpy as np
 import pytest
 
-from policy_oracles import estimate_oracle, growth_options, random_model
+from policy_oracles import estimate_oracle, growth_options, random_mixed_round, random_model
 from pollux.goodput import (
     BatchLimits,
     GoodputModel,
@@ -565,23 +565,8 @@ def test_new_jobs_get_one_gpu_under_the_exploration_cap() -> None:
 @pytest.mark.parametrize("seed", range(3))
 def test_search_reaches_plain_genetic_search(seed: int) -> None:
     """Our search (greedy + local search + short GA) ≥ 0.99 × the plain 100 × 100 GA."""
-    rng = np.random.default_rng(seed)
     cluster = Cluster.uniform(4, 4)
-    jobs, alloc = [], {}
-    free = cluster.capacity().copy()
-    for i in range(10):
-        model = random_model(rng)
-        row = {}
-        if i % 2 == 0:
-            n = int(np.argmax(free))
-            t = int(min(free[n], rng.integers(1, 4)))
-            if t:
-                row = {cluster.nodes[n]: t}
-                free[n] -= t
-                alloc[f"j{i}"] = row
-        jobs.append(job(f"j{i}", model, age_s=float(rng.uniform(30, 3000)), restarts=int(rng.integers(0, 3)),
-                        attained_service=float(rng.uniform(0, 1e4)), allocation=row,
-                        max_replicas_seen=int(rng.choice([1, 2, 4, 8]))))
+    jobs, alloc = random_mixed_round(np.random.default_rng(seed), cluster, 10)
     ours, _ = decide(PolluxPolicy(), jobs, cluster, alloc, seed=seed)
     plain, _ = decide(PolluxPolicy(patience=None, greedy_seed=False), jobs, cluster, alloc, seed=seed)
     prob = PolluxPolicy().problem(with_allocation(jobs, alloc), cluster)

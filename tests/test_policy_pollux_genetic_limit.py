@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from policy_oracles import random_model
+from policy_oracles import random_mixed_round
 from pollux.policy.base import Cluster, JobView, to_matrix, with_allocation
 from pollux.policy.pollux import PolluxPolicy
 
@@ -19,25 +19,8 @@ CLUSTER = Cluster.uniform(16, 4)
 
 
 def jobs_and_allocation(seed: int, count: int) -> tuple[list[JobView], dict[str, dict[str, int]]]:
-    """``count`` jobs with random models, every other one running on 1–3 GPUs of the roomiest node."""
-    rng = np.random.default_rng(seed)
-    free = CLUSTER.capacity().copy()
-    jobs, alloc = [], {}
-    for i in range(count):
-        model, limits = random_model(rng)
-        row: dict[str, int] = {}
-        if i % 2 == 0:
-            n = int(np.argmax(free))
-            take = int(min(free[n], rng.integers(1, 4)))
-            if take:
-                row = {CLUSTER.nodes[n]: take}
-                free[n] -= take
-                alloc[f"j{i}"] = row
-        jobs.append(JobView(id=f"j{i}", submit_time=float(i), age_s=float(rng.uniform(30, 3000)),
-                            restarts=int(rng.integers(0, 3)), attained_service=float(rng.uniform(0, 1e4)),
-                            allocation=row, model=model, limits=limits,
-                            max_replicas_seen=int(rng.choice([1, 2, 4, 8]))))
-    return jobs, alloc
+    """``count`` random jobs on :data:`CLUSTER`, every other one running."""
+    return random_mixed_round(np.random.default_rng(seed), CLUSTER, count)
 
 
 def decide(policy: PolluxPolicy, jobs, alloc, state=None, seed: int = 0):
