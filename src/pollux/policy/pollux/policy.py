@@ -49,10 +49,10 @@ class PolluxPolicy:
     genetic_limit: the genetic search runs only when ``population × jobs × nodes`` is at most this
         (512 cells at the default population); larger problems that still fit ``dense_limit`` run
         every greedy fill and the local search and carry their best ``population`` results. Past
-        that size the genetic search stopped finding anything its greedy seeds had not: over a
-        960-job run it beat them in none of 1,876 rounds above 256 cells, which cost 73 s of its
-        89 s of genetic search (docs/policy-pollux.md). None: wherever ``dense_limit`` allows, as
-        without ``greedy_seed``.
+        that size the genetic search stopped finding anything its greedy seeds had not: it beat
+        them in none of the 1,630 rounds above 512 cells of a 960-job run, which cost 69 s of its
+        89 s, nor in the 237 of a 320-job one (docs/policy-pollux.md). None: wherever
+        ``dense_limit`` allows, as without ``greedy_seed``.
     table_cache: how many speedup tables to memoise across rounds, keyed by (model, limits, fair
         share, table size); a table is a pure function of that key, so results do not depend on it.
     reuse_drift: keep the running allocation without searching when nothing but the jobs' ages and
