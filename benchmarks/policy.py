@@ -235,7 +235,8 @@ def greedy_baseline(prob: PolluxProblem, start: np.ndarray) -> np.ndarray:
         n[j] = np.count_nonzero(row)
         if prob.interference and n[j] > 1:
             owner[row > 0] = j
-        u_now[j] = _utility(prob.row_speedup(j, row), p)
+        u_now[j] = _utility(prob.speedup_at(j, int(n[j]), int(r[j]),
+                                            bool((row != prob.cur[j]).any())), p)
     return a
 
 
