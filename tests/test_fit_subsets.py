@@ -49,7 +49,7 @@ STARTS = 20            # reference fit
 #: Reference starts: α, β log-uniform in [1e-6, 10] (seconds, seconds per example or replica: the
 #: plausible part of the bounds [1e-8, 1e4]), γ uniform in [1, 4]. Each start runs with a loose
 #: tolerance; the best few are then polished to the production tolerance. The 24,000 reference
-#: descents are most of this file's time (about 60-80 s on one core of the 2-core VM).
+#: descents are most of this file's time (81-100 s in the clean-clone suites of 2026-12-01, 2-core VM).
 START_BOX = (1e-6, 10.0)
 START_GAMMA = (1.0, 4.0)
 START_FTOL = 1e-4
