@@ -17,6 +17,9 @@ import pytest
 
 from bench_scripts import load_script, run_benchmark
 
+#: Long (half a minute or more): run first, so that under pytest-xdist it overlaps the short tests.
+pytestmark = pytest.mark.slow
+
 ROOT = Path(__file__).resolve().parents[1]
 BENCH = ROOT / "benchmarks" / "chaos.py"
 RAY_ENV = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_USAGE_STATS_ENABLED": "0"}

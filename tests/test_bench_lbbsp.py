@@ -19,6 +19,9 @@ import pytest
 pytest.importorskip("torch")
 pytest.importorskip("sklearn")
 
+#: Long (half a minute or more): run first, so that under pytest-xdist it overlaps the short tests.
+pytestmark = pytest.mark.slow
+
 ROOT = Path(__file__).resolve().parents[1]
 SECTIONS = ("injected_half_speed", "real_contention", "overhead_equal_speed", "predictor_rmse")
 

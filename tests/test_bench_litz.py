@@ -26,6 +26,9 @@ pytest.importorskip("torch")
 from bench_scripts import assert_ray_session_gone
 from pollux.cluster.backends.processes import descendants
 
+#: Long (half a minute or more): run first, so that under pytest-xdist it overlaps the short tests.
+pytestmark = pytest.mark.slow
+
 ROOT = Path(__file__).resolve().parents[1]
 BENCH = ROOT / "benchmarks" / "litz.py"
 #: How long the quick benchmark may run before it is taken for hung (its speed is not checked here).

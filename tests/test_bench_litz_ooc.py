@@ -21,6 +21,9 @@ pytest.importorskip("ray")
 from bench_scripts import BENCHMARKS, assert_ray_session_gone, run_benchmark
 from pollux.cluster.backends.processes import descendants
 
+#: Long (half a minute or more): run first, so that under pytest-xdist it overlaps the short tests.
+pytestmark = pytest.mark.slow
+
 #: A guard against a hang, not a speed check (the quick run takes well under a minute).
 HANG_GUARD_S = 300
 

@@ -16,6 +16,9 @@ import pytest
 
 from bench_scripts import load_script, run_quick_json
 
+#: Long (half a minute or more): run first, so that under pytest-xdist it overlaps the short tests.
+pytestmark = pytest.mark.slow
+
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "benchmarks" / "scale.py"
 DATA = ROOT.parent / "shared" / "data"

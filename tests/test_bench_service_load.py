@@ -20,6 +20,9 @@ from bench_scripts import load_script, run_benchmark
 
 pytest.importorskip("ray")
 
+#: Long (half a minute or more): run first, so that under pytest-xdist it overlaps the short tests.
+pytestmark = pytest.mark.slow
+
 ROOT = Path(__file__).resolve().parents[1]
 BENCH = ROOT / "benchmarks" / "service_load.py"
 

@@ -4,7 +4,8 @@ One embedded Ray cluster (3 virtual nodes x 2 GPU slots, owned by its own host p
 by the tests of this module; each test runs its own service (own state directory and job store)
 against it, submits the digits example through the REST API, and stops everything it started.
 At the end, every process the services recorded and every Ray process that appeared during the
-module must be gone (checked by PID).
+module must be gone (checked by PID); under pytest-xdist, the Ray processes of the other workers'
+tests are told apart by the worker named in their environment.
 """
 
 from __future__ import annotations
@@ -30,6 +31,9 @@ from pollux.cluster.backends import processes
 from pollux.cluster.state.store import JobStore
 from pollux.raylink import LOOPBACK_ENV
 
+#: Long (half a minute or more): run first, so that under pytest-xdist it overlaps the short tests.
+pytestmark = pytest.mark.slow
+
 ROOT = Path(__file__).resolve().parents[1]
 DIGITS = ROOT / "examples" / "digits" / "train.py"
 EPOCH_LINE = re.compile(r" digits INFO epoch (\d+): ")
@@ -43,8 +47,41 @@ DIGITS_HINTS = {"version": 1, "throughput": {"alpha_grad": 0.1, "beta_grad": 0.0
                 "local_bsz_bounds": [8, 128], "accumulation": False, "max_replicas_seen": 1,
                 "progress": 1.0, "epoch": 0}
 
+#: The pytest-xdist worker running this module ("" when the suite runs in one process).
+XDIST_WORKER = os.environ.get("PYTEST_XDIST_WORKER", "")
+
+
+def xdist_worker_of(pid: int) -> str | None:
+    """The pytest-xdist worker named in ``pid``'s environment, or None if it names none."""
+    try:
+        environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    except OSError:
+        return None
+    for entry in environ:
+        if entry.startswith(b"PYTEST_XDIST_WORKER="):
+            return entry.split(b"=", 1)[1].decode(errors="replace")
+    return None
+
+
+def of_another_worker(pid: int) -> bool:
+    """Whether ``pid`` belongs to a Ray cluster that another pytest-xdist worker started, which may
+    come and go while this module runs. Ray's agents and workers write their titles over their
+    environment, so the parent's and the session leader's environment count as theirs too."""
+    if not XDIST_WORKER:
+        return False
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            parent = int(f.read().rsplit(")", 1)[1].split()[1])
+        leader = os.getsid(pid)
+    except (OSError, IndexError, ValueError):
+        return False
+    workers = {xdist_worker_of(p) for p in (pid, parent, leader)} - {None}
+    return bool(workers - {XDIST_WORKER})
+
+
 def ray_pids() -> set[int]:
-    """PIDs of Ray's processes (GCS, raylets, workers and agents) on this machine."""
+    """PIDs of Ray's processes (GCS, raylets, workers and agents) on this machine, but for those of
+    another pytest-xdist worker's tests."""
     out = set()
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
@@ -55,7 +92,8 @@ def ray_pids() -> set[int]:
             continue
         if cmd.startswith("ray::") or "/ray/core/src/ray/" in cmd or "ray/_private/workers" in cmd \
                 or "ray/dashboard" in cmd or "ray/autoscaler" in cmd or "ray/_private/log_monitor" in cmd:
-            out.add(int(entry))
+            if not of_another_worker(int(entry)):
+                out.add(int(entry))
     return out
 
 

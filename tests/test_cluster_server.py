@@ -38,6 +38,9 @@ from pollux.cluster.client import PolluxClient
 from pollux.cluster.state.folder import check_store, mark_store
 from pollux.cluster.state.store import JobStore
 
+#: Long (half a minute or more): run first, so that under pytest-xdist it overlaps the short tests.
+pytestmark = pytest.mark.slow
+
 CLI = [sys.executable, "-m", "pollux.cli"]
 SMALL = ["--local-nodes", "1", "--gpus-per-node", "2", "--interval", "2", "--stop-grace", "5"]
 

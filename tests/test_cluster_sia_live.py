@@ -34,6 +34,9 @@ import pytest
 
 from test_cluster_types import WHERE
 
+#: Long (half a minute or more): run first, so that under pytest-xdist it overlaps the short tests.
+pytestmark = pytest.mark.slow
+
 ROOT = Path(__file__).resolve().parents[1]
 DIGITS = ROOT / "examples" / "digits" / "train.py"
 EPOCH_LINE = re.compile(r" digits INFO epoch (\d+): ")

@@ -23,6 +23,9 @@ import pytest
 pytest.importorskip("torch")
 pytest.importorskip("sklearn")
 
+#: Long (half a minute or more): run first, so that under pytest-xdist it overlaps the short tests.
+pytestmark = pytest.mark.slow
+
 ROOT = Path(__file__).resolve().parents[1]
 TRAIN = ROOT / "examples" / "digits" / "train.py"
 BENCH = ROOT / "benchmarks" / "agent_overhead.py"

@@ -43,6 +43,9 @@ from typing import Any
 
 import pytest
 
+#: Long (half a minute or more): run first, so that under pytest-xdist it overlaps the short tests.
+pytestmark = pytest.mark.slow
+
 ROOT = Path(__file__).resolve().parents[1]
 DIGITS = ROOT / "examples" / "digits" / "train.py"
 SPACE = """\

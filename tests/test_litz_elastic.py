@@ -22,6 +22,9 @@ import litz_helpers as h  # noqa: E402
 from pollux.litz.records import RuntimeConfig  # noqa: E402
 from pollux.litz.runtime import LitzRuntime  # noqa: E402
 
+#: Long (half a minute or more): run first, so that under pytest-xdist it overlaps the short tests.
+pytestmark = pytest.mark.slow
+
 #: Iterations of the run whose two resize steps (four records) must all finish before it ends: each
 #: step waits for new actors, 1-4 s on the 2-core VM when other work shares the cores. The run is held
 #: open until they have (``_run_steps``), so this is only its length on a quiet machine.

@@ -20,6 +20,9 @@ from pathlib import Path
 
 import pytest
 
+#: Long (half a minute or more): run first, so that under pytest-xdist it overlaps the short tests.
+pytestmark = pytest.mark.slow
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
