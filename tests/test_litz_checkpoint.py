@@ -276,9 +276,10 @@ for line in sys.stdin:
 
 
 def test_sigkill_during_save_never_breaks_latest(tmp_path):
-    """20 savers, each SIGKILLed after a seeded random delay, then latest() checked. The savers are
-    forked by a fresh launcher interpreter (subprocess.Popen) that imported torch once: they start
-    at once, and no thread of the test process (Ray's, say) is inherited by a fork."""
+    """20 savers, each SIGKILLed after a seeded random delay, then latest() checked; then one more,
+    killed once it has committed two steps. The savers are forked by a fresh launcher interpreter
+    (subprocess.Popen) that imported torch once: they start at once, and no thread of the test
+    process (Ray's, say) is inherited by a fork."""
     rng = np.random.default_rng(14)
     store = CheckpointStore(tmp_path, keep=2, block_rows=256)
     store.save(_crash_ckpt(0))
@@ -309,6 +310,21 @@ def test_sigkill_during_save_never_breaks_latest(tmp_path):
                 _check_consistent(store.load(step))
             steps_done.append(got.step - last)
             last = got.step
+        # Savers commit: one more, killed only once it has committed two steps. (How many of the 20
+        # above finish a save within their delay depends on the machine's load, not on the store:
+        # under pytest-xdist beside live tests, one in 20 did.)
+        launcher.stdin.write(f"{last + 1}\n")
+        launcher.stdin.flush()
+        pid = int(launcher.stdout.readline())
+        deadline = time.monotonic() + 120
+        while max(store.steps(), default=0) < last + 2 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        os.kill(pid, signal.SIGKILL)
+        assert launcher.stdout.readline().strip() == "reaped"
+        got = CheckpointStore(tmp_path, keep=2).latest()
+        assert got is not None and got.step >= last + 2, "a saver given the time commits its steps"
+        _check_consistent(got)
+        last = got.step
     finally:
         launcher.stdin.close()
         launcher.wait(10)
@@ -316,7 +332,6 @@ def test_sigkill_during_save_never_breaks_latest(tmp_path):
     print(f"kills inside a save: {mid_save}/20, steps committed per saver: {steps_done}")
     assert launcher.returncode == 0
     assert mid_save >= 3, "the kills should often land inside a save"
-    assert sum(steps_done) >= 5, "the savers should commit steps between kills"
     # the next save removes the dead savers' temp folders
     store.save(_crash_ckpt(last + 1))
     assert not [p for p in tmp_path.iterdir() if not p.name.startswith("step-")]
