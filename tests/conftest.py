@@ -11,16 +11,6 @@ if TYPE_CHECKING:
     from torch_workers.forkserver import ForkServer
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Run the tests marked ``slow`` first, in their files' order, and the rest after them.
-
-    ``make test`` runs two pytest-xdist workers, which take the tests in this order; the live and
-    benchmark tests (half a minute to a few minutes each, mostly waiting on their services' clocks)
-    then overlap one another and the short tests, instead of one of them running last alone. Every
-    worker sorts the same collection the same way, as xdist requires."""
-    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
-
-
 @pytest.fixture
 def agent(monkeypatch: pytest.MonkeyPatch):
     """A fresh agent in a process with none of the launcher variables set (service, torchrun, faults).

@@ -26,7 +26,7 @@ pytest.importorskip("torch")
 from bench_scripts import assert_ray_session_gone
 from pollux.cluster.backends.processes import descendants
 
-#: Long (half a minute or more): run first, so that under pytest-xdist it overlaps the short tests.
+#: Long (half a minute or more): `pytest -m "not slow"` leaves it out.
 pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parents[1]

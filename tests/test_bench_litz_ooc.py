@@ -21,7 +21,7 @@ pytest.importorskip("ray")
 from bench_scripts import BENCHMARKS, assert_ray_session_gone, run_benchmark
 from pollux.cluster.backends.processes import descendants
 
-#: Long (half a minute or more): run first, so that under pytest-xdist it overlaps the short tests.
+#: Long (half a minute or more): `pytest -m "not slow"` leaves it out.
 pytestmark = pytest.mark.slow
 
 #: A guard against a hang, not a speed check (the quick run takes well under a minute).

@@ -31,7 +31,7 @@ from pollux.cluster.backends import processes
 from pollux.cluster.state.store import JobStore
 from pollux.raylink import LOOPBACK_ENV
 
-#: Long (half a minute or more): run first, so that under pytest-xdist it overlaps the short tests.
+#: Long (half a minute or more): `pytest -m "not slow"` leaves it out.
 pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -38,7 +38,7 @@ from pollux.cluster.client import PolluxClient
 from pollux.cluster.state.folder import check_store, mark_store
 from pollux.cluster.state.store import JobStore
 
-#: Long (half a minute or more): run first, so that under pytest-xdist it overlaps the short tests.
+#: Long (half a minute or more): `pytest -m "not slow"` leaves it out.
 pytestmark = pytest.mark.slow
 
 CLI = [sys.executable, "-m", "pollux.cli"]

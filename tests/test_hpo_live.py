@@ -43,7 +43,7 @@ from typing import Any
 
 import pytest
 
-#: Long (half a minute or more): run first, so that under pytest-xdist it overlaps the short tests.
+#: Long (half a minute or more): `pytest -m "not slow"` leaves it out.
 pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parents[1]

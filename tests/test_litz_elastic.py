@@ -22,7 +22,7 @@ import litz_helpers as h  # noqa: E402
 from pollux.litz.records import RuntimeConfig  # noqa: E402
 from pollux.litz.runtime import LitzRuntime  # noqa: E402
 
-#: Long (half a minute or more): run first, so that under pytest-xdist it overlaps the short tests.
+#: Long (half a minute or more): `pytest -m "not slow"` leaves it out.
 pytestmark = pytest.mark.slow
 
 #: Iterations of the run whose two resize steps (four records) must all finish before it ends: each

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-#: Long (half a minute or more): run first, so that under pytest-xdist it overlaps the short tests.
+#: Long (half a minute or more): `pytest -m "not slow"` leaves it out.
 pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parents[1]
