@@ -46,12 +46,21 @@ class BinarySolution:
 
     x: np.ndarray | None
     status: int
+    #: HiGHS stopped at ``max_nodes`` (status 4 then, as :func:`scipy.optimize.milp` has no code for it).
+    node_limit: bool = False
 
 
 def solve_binary(cost: np.ndarray, matrix: csc_array, upper: np.ndarray, *, mip_rel_gap: float,
-                 time_limit_s: float, presolve: bool = False,
-                 feasibility_jump: bool = True) -> BinarySolution:
-    """Minimise ``cost·x`` over binary ``x`` with ``matrix·x ≤ upper`` (rows unbounded below).
+                 time_limit_s: float, presolve: bool = False, feasibility_jump: bool = True,
+                 lower: np.ndarray | None = None, offset: float = 0.0,
+                 start: np.ndarray | None = None, max_nodes: int | None = None) -> BinarySolution:
+    """Minimise ``cost·x`` over binary ``x`` with ``lower ≤ matrix·x ≤ upper`` (``lower`` None: the
+    rows are unbounded below; −inf in it leaves that row unbounded below). ``offset`` is added to
+    the objective; it matters only through the relative gap, which HiGHS measures on the objective
+    with its offset (a part of a larger program, solved to that program's gap, passes the rest's value).
+    ``start`` (0/1 per column) is a feasible point HiGHS starts from, as its first incumbent.
+    ``max_nodes`` stops the branch and bound after that many nodes (1: the root only), a limit that,
+    unlike the time limit, gives the same answer on every machine.
 
     ``presolve`` and ``feasibility_jump`` (HiGHS's primal heuristic of that name, which spends a
     fixed budget of moves before the search, ~11 ms even on a two-column program) switch those
@@ -65,6 +74,10 @@ def solve_binary(cost: np.ndarray, matrix: csc_array, upper: np.ndarray, *, mip_
     num_row = int(upper.size)
     if matrix.shape != (num_row, num_col):
         raise ValueError(f"matrix: shape {matrix.shape}, expected ({num_row}, {num_col})")
+    if lower is None:
+        lower = np.full(num_row, -np.inf)
+    elif lower.shape != (num_row,):
+        raise ValueError(f"lower: shape {lower.shape}, expected ({num_row},)")
     solver = highspy.Highs()
     solver.setOptionValue("output_flag", False)
     solver.setOptionValue("log_to_console", False)
@@ -72,20 +85,26 @@ def solve_binary(cost: np.ndarray, matrix: csc_array, upper: np.ndarray, *, mip_
     solver.setOptionValue("time_limit", float(time_limit_s))
     solver.setOptionValue("presolve", "on" if presolve else "off")
     solver.setOptionValue("mip_heuristic_run_feasibility_jump", bool(feasibility_jump))
+    if max_nodes is not None:
+        solver.setOptionValue("mip_max_nodes", int(max_nodes))
     solver.passModel(
         num_col, num_row, int(matrix.nnz), int(highspy.MatrixFormat.kColwise),
-        int(highspy.ObjSense.kMinimize), 0.0,
+        int(highspy.ObjSense.kMinimize), float(offset),
         np.ascontiguousarray(cost, dtype=np.float64), np.zeros(num_col), np.ones(num_col),
-        np.full(num_row, -np.inf), np.ascontiguousarray(upper, dtype=np.float64),
+        np.ascontiguousarray(lower, dtype=np.float64), np.ascontiguousarray(upper, dtype=np.float64),
         matrix.indptr.astype(np.int32), matrix.indices.astype(np.int32),
         matrix.data.astype(np.float64), np.ones(num_col, dtype=np.int32),
     )
+    if start is not None:
+        solver.setSolution(num_col, np.arange(num_col, dtype=np.int32),
+                           np.ascontiguousarray(start, dtype=np.float64))
     solver.run()
     model_status = solver.getModelStatus()
     status = SCIPY_STATUS.get(model_status, 4)
     found = model_status == _STATUS.kOptimal or (
         model_status in _STOPPED_EARLY
         and solver.getInfo().objective_function_value != highspy.kHighsInf)
+    node_limit = max_nodes is not None and model_status == _STATUS.kSolutionLimit
     if not found:
-        return BinarySolution(None, status)
-    return BinarySolution(np.asarray(solver.getSolution().col_value, dtype=np.float64), status)
+        return BinarySolution(None, status, node_limit)
+    return BinarySolution(np.asarray(solver.getSolution().col_value, dtype=np.float64), status, node_limit)

@@ -21,6 +21,9 @@ one-type cluster and 0.07 on a cluster of several types, where moves between typ
 encoded in which configurations exist; pinned jobs (not preemptible and running) keep their GPUs
 exactly and are taken off the capacity first. The program is solved to optimality
 (``mip_rel_gap``); an optimum is checked against brute force in ``tests/test_policy_sia.py``.
+A program of more than :data:`REDUCE_ABOVE` columns (a large cluster, or many waiting jobs) is first
+cut down to the columns a Lagrangian bound leaves possible, which keeps the optimum
+(:mod:`.sia_lagrange`).
 HiGHS runs without its LP presolve and without its feasibility-jump heuristic: on these
 multiple-choice knapsacks it was faster without either (:func:`solve`). When far more jobs wait than
 GPUs are free, the columns no optimum needs are dropped first (:mod:`.sia_prune`: per configuration
@@ -80,10 +83,11 @@ from scipy.sparse import csr_array, vstack
 from pollux.goodput import BatchLimits
 from pollux.goodput.threads import one_blas_thread
 from pollux.policy.base import Allocation, Cluster, JobView, PolicyState
-from pollux.policy.binary_program import solve_binary
+from pollux.policy.binary_program import BinarySolution, solve_binary
 from pollux.policy.placement import place_packed
 from pollux.policy.sia_configs import ConfigTable, GoodputCache, build_configs, check_options, config_cost
 from pollux.policy.sia_job_rows import RowMemo
+from pollux.policy.sia_lagrange import solve_reduced
 from pollux.policy.sia_prune import needed_columns
 
 #: Version tag of the (diagnostic) state this policy returns.
@@ -110,6 +114,12 @@ EXPLORE_FACTOR = 4
 #: GPUs each; λ_n ≥ 3 makes admitting a waiting job worth more than the restart of a job shrunk
 #: for it, as Pollux's power mean does (a job without GPUs has speedup 0 there).
 LAMBDA_N = 3.0
+#: Programs of more columns than this go through the Lagrangian reduction (:mod:`.sia_lagrange`).
+#: Below it HiGHS alone is faster: on the 2,399 programs of the 960-job Philly run (at most 730
+#: columns) the reduction took 34 s against 14 s and chose the same in all but one (the same value);
+#: first rounds of about 1,050 columns took 0.004–0.36 s either way, and from 1,931 columns on it
+#: was faster (1.39 → 0.16 s at 512 GPUs × 100 jobs, 18 → 0.27 s at 4,096 × 1,000).
+REDUCE_ABOVE = 1_500
 
 
 def priority_key(job: JobView, pinned: bool) -> tuple[bool, float, float, str]:
@@ -118,11 +128,12 @@ def priority_key(job: JobView, pinned: bool) -> tuple[bool, float, float, str]:
 
 
 def solve(table: ConfigTable, free_by_type: np.ndarray, *, mip_rel_gap: float = 1e-7,
-          time_limit_s: float = 30.0) -> tuple[np.ndarray, float, int]:
+          time_limit_s: float = 30.0, reduce_above: int = REDUCE_ABOVE) -> tuple[np.ndarray, float, int]:
     """Solve the program of one round: (chosen configuration per job or −1, objective, status).
 
     The objective returned includes the idle costs (the constant ``Σ idle_cost`` is added back),
-    so it is comparable with a brute-force sum over jobs.
+    so it is comparable with a brute-force sum over jobs. A program of more than ``reduce_above``
+    columns is first cut down by a Lagrangian bound (:mod:`.sia_lagrange`).
     """
     num_jobs = len(table.job_ids)
     choice = np.full(num_jobs, -1, dtype=np.int64)
@@ -135,23 +146,34 @@ def solve(table: ConfigTable, free_by_type: np.ndarray, *, mip_rel_gap: float = 
     keep = needed_columns(table.gtype, table.count, table.job, c, int(free_by_type.sum()))
     if keep.size == 0:
         return choice, base, 0
-    rows_of, job_row = np.unique(table.job[keep], return_inverse=True)
-    cols = np.arange(keep.size)
-    per_job = csr_array((np.ones(keep.size), (job_row, cols)), shape=(rows_of.size, keep.size))
-    per_type = csr_array((table.count[keep].astype(np.float64), (table.gtype[keep], cols)),
-                         shape=(len(table.types), keep.size))
-    a = vstack([per_job, per_type], format="csc")
-    ub = np.concatenate([np.ones(rows_of.size), free_by_type.astype(np.float64)])
-    # Without HiGHS's feasibility-jump heuristic: it runs on a fixed budget of moves, ~11 ms a
-    # program however small, and on these knapsacks the search finds the optimum without it (all
-    # 2,375 programs of the 960-job Philly run chose the same; solve 20.3 → 12.8 s).
-    res = solve_binary(c[keep], a, ub, mip_rel_gap=mip_rel_gap, time_limit_s=time_limit_s,
-                       feasibility_jump=False)
+    job_row = np.unique(table.job[keep], return_inverse=True)[1]
+    if keep.size > reduce_above:
+        res = solve_reduced(c[keep], table.gtype[keep], table.count[keep], job_row, free_by_type,
+                            mip_rel_gap=mip_rel_gap, time_limit_s=time_limit_s)
+    else:
+        res = solve_whole(c[keep], table.gtype[keep], table.count[keep], job_row, free_by_type,
+                          mip_rel_gap=mip_rel_gap, time_limit_s=time_limit_s)
     if res.x is None:                       # nothing found (time limit before a first solution)
         return choice, base, res.status
     chosen = keep[np.flatnonzero(np.rint(res.x).astype(bool))]
     choice[table.job[chosen]] = chosen
     return choice, float(base + c[chosen].sum()), res.status
+
+
+def solve_whole(cost: np.ndarray, gtype: np.ndarray, count: np.ndarray, job_row: np.ndarray,
+                free_by_type: np.ndarray, *, mip_rel_gap: float, time_limit_s: float) -> BinarySolution:
+    """The program as it is, by HiGHS (``job_row``: each column's job, 0, 1, …)."""
+    num_rows = int(job_row.max()) + 1
+    cols = np.arange(cost.size)
+    per_job = csr_array((np.ones(cost.size), (job_row, cols)), shape=(num_rows, cost.size))
+    per_type = csr_array((count.astype(np.float64), (gtype, cols)), shape=(free_by_type.size, cost.size))
+    a = vstack([per_job, per_type], format="csc")
+    ub = np.concatenate([np.ones(num_rows), free_by_type.astype(np.float64)])
+    # Without HiGHS's feasibility-jump heuristic: it runs on a fixed budget of moves, ~11 ms a
+    # program however small, and on these knapsacks the search finds the optimum without it (all
+    # 2,375 programs of the 960-job Philly run chose the same; solve 20.3 → 12.8 s).
+    return solve_binary(cost, a, ub, mip_rel_gap=mip_rel_gap, time_limit_s=time_limit_s,
+                        feasibility_jump=False)
 
 
 def objective(table: ConfigTable, choice: np.ndarray) -> float:
@@ -221,6 +243,8 @@ class SiaPolicy:
     explore_factor: the exploration cap's multiple of the most GPUs a job has held (SPEC §3 uses 2
         for Pollux; :data:`EXPLORE_FACTOR` = 4 by default, measured there).
     mip_rel_gap, time_limit_s: HiGHS options (the gap is tight enough to return the optimum).
+    reduce_above: programs of more columns than this are cut down by a Lagrangian bound first
+        (:data:`REDUCE_ABOVE`; the optimal value is kept, see :mod:`.sia_lagrange`).
     cache: how many goodput arrays to memoise across rounds (a pure function of their key), and
         how many jobs' rows of the configuration table (:mod:`.sia_job_rows`: most jobs are
         unchanged from one round to the next; the table is the same as without the memo).
@@ -235,7 +259,7 @@ class SiaPolicy:
     def __init__(self, p: float = -0.5, lambda_n: float = LAMBDA_N, restart_penalty_s: float = 30.0,
                  min_factor: float = 0.1, *, lambda_a: float | None = None, rigid_fixed: bool = False,
                  explore_factor: int = EXPLORE_FACTOR, mip_rel_gap: float = 1e-7, time_limit_s: float = 30.0,
-                 cache: int = 4096) -> None:
+                 cache: int = 4096, reduce_above: int = REDUCE_ABOVE) -> None:
         check_options(float(p), float(lambda_n), float(restart_penalty_s), float(min_factor))
         self.p = float(p)
         self.lambda_n = float(lambda_n)
@@ -250,6 +274,9 @@ class SiaPolicy:
         self.explore_factor = int(explore_factor)
         self.mip_rel_gap = float(mip_rel_gap)
         self.time_limit_s = float(time_limit_s)
+        if isinstance(reduce_above, bool) or not isinstance(reduce_above, int) or reduce_above < 0:
+            raise ValueError(f"reduce_above: must be an integer >= 0, got {reduce_above!r}")
+        self.reduce_above = reduce_above
         self._cache = GoodputCache(cache)
         self._rows = RowMemo(cache)
 
@@ -299,7 +326,7 @@ class SiaPolicy:
         movable = [i for i in order if not pinned[i]]
         table = self.table([jobs[i] for i in movable], cluster, free_by_type)
         choice, value, status = solve(table, free_by_type, mip_rel_gap=self.mip_rel_gap,
-                                      time_limit_s=self.time_limit_s)
+                                      time_limit_s=self.time_limit_s, reduce_above=self.reduce_above)
         fallbacks = self._place(table, choice, [jobs[i] for i in movable], rows[movable], nodes,
                                 cluster, alloc)
         out_state["objective"] = value
