@@ -21,7 +21,8 @@ from pollux.policy import sia_configs
 from pollux.policy.base import Cluster, JobView, fixed_shape
 from pollux.policy.clusterspec import parse_cluster
 from pollux.policy.sia import SiaPolicy
-from pollux.policy.sia_configs import ConfigTable, GoodputCache, build_configs
+from pollux.policy.sia_configs import ConfigTable, build_configs
+from pollux.policy.sia_goodput import GoodputCache
 from pollux.policy.sia_job_rows import RowMemo
 
 CLUSTER = parse_cluster("aws:3x4,rtx:2x8,dgx-ext:1x8")

@@ -85,7 +85,8 @@ from pollux.goodput.threads import one_blas_thread
 from pollux.policy.base import Allocation, Cluster, JobView, PolicyState
 from pollux.policy.binary_program import BinarySolution, solve_binary
 from pollux.policy.placement import place_packed
-from pollux.policy.sia_configs import ConfigTable, GoodputCache, build_configs, check_options, config_cost
+from pollux.policy.sia_configs import ConfigTable, build_configs, check_options, config_cost
+from pollux.policy.sia_goodput import GoodputCache
 from pollux.policy.sia_job_rows import RowMemo
 from pollux.policy.sia_lagrange import solve_reduced
 from pollux.policy.sia_prune import needed_columns

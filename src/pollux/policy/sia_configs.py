@@ -41,14 +41,14 @@ it (``tests/test_sia_config_memo.py``).
 from __future__ import annotations
 
 import math
-from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
-from pollux.goodput import BatchLimits, GoodputModel, exploration_cap, optimize
+from pollux.goodput import BatchLimits, exploration_cap
 from pollux.policy.base import Cluster, JobView, restart_factors
+from pollux.policy.sia_goodput import GoodputAsk, GoodputCache
 from pollux.policy.sia_job_rows import JobRows, RowInputs, RowMemo, TypeInput, candidate_bound
 
 #: Normalised goodputs below this count as this (bounds every cost for p < 0).
@@ -130,29 +130,6 @@ def _job_cap(inputs: RowInputs, limits: BatchLimits, factor: int) -> int:
     return int(cap)
 
 
-class GoodputCache:
-    """Memo of goodput arrays keyed by (model, limits, nodes, counts): a pure function of its key."""
-
-    def __init__(self, size: int) -> None:
-        self.size = max(int(size), 0)
-        self._data: OrderedDict = OrderedDict()
-
-    def goodput(self, model: GoodputModel, limits: BatchLimits, nodes: np.ndarray,
-                counts: np.ndarray) -> np.ndarray:
-        key = (model, limits, nodes.tobytes(), counts.tobytes())
-        if self.size:
-            hit = self._data.get(key)
-            if hit is not None:
-                self._data.move_to_end(key)
-                return hit
-        out = np.asarray(optimize(model, nodes, counts, limits).goodput, dtype=np.float64)
-        if self.size:
-            self._data[key] = out
-            while len(self._data) > self.size:
-                self._data.popitem(last=False)
-        return out
-
-
 def row_inputs(job: JobView, current: tuple[int, int, int] | None, types: tuple[str, ...],
                free_by_type: Sequence[int], node_size: Sequence[int], *, rigid_fixed: bool,
                explore_factor: int) -> RowInputs:
@@ -179,15 +156,42 @@ def row_inputs(job: JobView, current: tuple[int, int, int] | None, types: tuple[
                      max_replicas_seen=int(job.max_replicas_seen), fixed=fixed, per_type=tuple(per_type))
 
 
+@dataclass(frozen=True, slots=True)
+class _TypePlan:
+    """One type of a job's rows before the goodputs are known: its candidate counts, which of them
+    fit this round, and the goodputs to ask for (None for a job without a model: G = GPUs / fewest)."""
+
+    gtype: int
+    counts: np.ndarray
+    fits: np.ndarray
+    ask: GoodputAsk | None
+
+
+@dataclass(frozen=True, slots=True)
+class RowPlan:
+    """A job's rows up to the goodputs: :func:`plan_rows` makes it, :func:`assemble_rows` finishes it
+    with the answers to its :attr:`asks` — split so that a round's asks go to the optimiser together."""
+
+    current: tuple[int, int, int] | None
+    types: tuple[_TypePlan, ...]
+
+    @property
+    def asks(self) -> list[GoodputAsk]:
+        return [plan.ask for plan in self.types if plan.ask is not None]
+
+
 def job_rows(inputs: RowInputs, node_size: Sequence[int], explore_factor: int,
              cache: GoodputCache) -> JobRows:
     """One job's rows of the table, computed from ``inputs`` alone (so they may be memoised by them)."""
+    plan = plan_rows(inputs, node_size, explore_factor)
+    return assemble_rows(plan, [cache.goodput(a.model, a.limits, a.nodes, a.counts) for a in plan.asks])
+
+
+def plan_rows(inputs: RowInputs, node_size: Sequence[int], explore_factor: int) -> RowPlan:
+    """The candidate counts of one job on every type it may run, and the goodputs they need."""
     cur = inputs.current
     lo = max(inputs.min_replicas, 1)
-    per_type: dict[int, tuple[int, ...]] = {}
-    raw: list[tuple[int, np.ndarray, np.ndarray]] = []      # (type, counts, raw goodput)
-    best1 = 0.0
-    no_model = True
+    types: list[_TypePlan] = []
     for t, given in enumerate(inputs.per_type):
         if given is None:
             continue
@@ -195,7 +199,6 @@ def job_rows(inputs: RowInputs, node_size: Sequence[int], explore_factor: int,
         limits = given.limits
         if model is not None and limits is None:
             limits = BatchLimits(model.init_batch_size)
-        upper_hw = given.upper
         keep = cur[1] if cur is not None and cur[0] == t else 0
         if inputs.fixed is not None:
             cand = np.asarray([inputs.fixed], dtype=np.int64)
@@ -210,23 +213,41 @@ def job_rows(inputs: RowInputs, node_size: Sequence[int], explore_factor: int,
                                    np.asarray([inputs.min_replicas, keep], dtype=np.int64)])
         cand = np.unique(cand)
         cand = cand[cand >= lo]
-        fits = cand <= upper_hw
+        fits = cand <= given.upper
         if not fits.any():
             continue
         if model is None:
+            types.append(_TypePlan(t, cand, fits, None))
+            continue
+        assert limits is not None
+        nodes = -(-cand // node_size[t])
+        if cur is not None and cur[0] == t:
+            nodes = np.where(cand == cur[1], cur[2], nodes)
+        # One ask per (job, type): the candidates plus the 1-GPU reference of the normaliser.
+        # Each entry is computed on its own (optimize is elementwise), so dropping the counts that
+        # do not fit afterwards gives exactly what computing only the others would.
+        ask = GoodputAsk(model, limits, np.concatenate([nodes, [1]]), np.concatenate([cand, [1]]))
+        types.append(_TypePlan(t, cand, fits, ask))
+    return RowPlan(cur, tuple(types))
+
+
+def assemble_rows(plan: RowPlan, goodputs: Sequence[np.ndarray]) -> JobRows:
+    """The rows of ``plan`` with ``goodputs``, the answers to its asks in order."""
+    cur = plan.current
+    per_type: dict[int, tuple[int, ...]] = {}
+    raw: list[tuple[int, np.ndarray, np.ndarray]] = []      # (type, counts, raw goodput)
+    best1 = 0.0
+    no_model = True
+    answers = iter(goodputs)
+    for t_plan in plan.types:
+        t, cand, fits = t_plan.gtype, t_plan.counts, t_plan.fits
+        if t_plan.ask is None:
             cand = cand[fits]
             raw.append((t, cand, cand.astype(np.float64) / float(cand[0])))
             per_type[t] = tuple(int(c) for c in cand)
             continue
         no_model = False
-        assert limits is not None
-        nodes = -(-cand // node_size[t])
-        if cur is not None and cur[0] == t:
-            nodes = np.where(cand == cur[1], cur[2], nodes)
-        # One call per (job, type): the candidates plus the 1-GPU reference of the normaliser.
-        # Each entry is computed on its own (optimize is elementwise), so dropping the counts that
-        # do not fit afterwards gives exactly what computing only the others would.
-        every = cache.goodput(model, limits, np.concatenate([nodes, [1]]), np.concatenate([cand, [1]]))
+        every = next(answers)
         good = np.concatenate([every[:-1][fits], every[-1:]])
         cand = cand[fits]
         best1 = max(best1, float(good[-1]))
@@ -294,15 +315,22 @@ def build_configs(
 
     currents = [current_config(job, cluster, node_index, node_type) for job in jobs]
     rows: list[JobRows] = []
+    missing: list[tuple[int, RowInputs, RowPlan]] = []       # (place in rows, inputs, plan)
     for job, cur in zip(jobs, currents, strict=True):
         inputs = row_inputs(job, cur, types, free, node_size, rigid_fixed=rigid_fixed,
                             explore_factor=explore_factor)
         found = memo.get(job.id, inputs) if memo is not None else None
         if found is None:
-            found = job_rows(inputs, node_size, explore_factor, cache)
-            if memo is not None:
-                memo.put(job.id, inputs, found)
+            missing.append((len(rows), inputs, plan_rows(inputs, node_size, explore_factor)))
+            found = _NO_ROWS                       # a place holder, filled below
         rows.append(found)
+    # The rows not memoised: every goodput they need asked at once (one batched optimisation).
+    answers = iter(cache.goodput_many([ask for _, _, plan in missing for ask in plan.asks]))
+    for i, inputs, plan in missing:
+        made = assemble_rows(plan, [next(answers) for _ in plan.asks])
+        if memo is not None:
+            memo.put(jobs[i].id, inputs, made)
+        rows[i] = made
 
     sizes = np.fromiter((r.size for r in rows), dtype=np.int64, count=len(rows))
     listed = sizes > 0
