@@ -58,6 +58,20 @@ def test_same_goodput_as_optimize_to_the_bit(seed: int, force_single: bool, shor
     assert (got > 0).any()
 
 
+def test_slices_change_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
+    import pollux.goodput.batched as batched
+    rng = np.random.default_rng(11)
+    pairs = [_model(rng, g) for g in _gammas(rng, False)]
+    rows = model_rows(pairs)
+    which = rng.integers(0, len(pairs), size=500)
+    nodes = rng.integers(0, 5, size=500)
+    replicas = rng.integers(0, 40, size=500)
+    whole = optimize_many(rows, which, nodes, replicas)
+    monkeypatch.setattr(batched, "CHUNK", 7)
+    np.testing.assert_array_equal(optimize_many(rows, which, nodes, replicas), whole)
+    assert optimize_many(rows, which[:0], nodes[:0], replicas[:0]).size == 0
+
+
 def test_scalar_power_follows_numpy_shortcuts() -> None:
     rng = np.random.default_rng(5)
     base = rng.uniform(0.0, 3.0, size=(6, 4000))
