@@ -32,10 +32,11 @@ type they can run, worth G = 1 — as Pollux gives a new job one GPU (its explor
 
 Cost (issue 38): a round lists every queued job (~400 at the peak of a 960-job run), and most of them
 are the same as in the previous round. A job's rows are computed from a record of what they depend
-on (:func:`row_inputs`, :func:`job_rows`), so the policy memoises them by that record across rounds
+on (:func:`row_inputs`, :func:`plan_rows`), so the policy memoises them by that record across rounds
 (:mod:`.sia_job_rows`); what changes every round for every job — its age, in the re-allocation factor
 — is applied to the whole table at once. The table is the same, bit for bit, with the memo or without
-it (``tests/test_sia_config_memo.py``).
+it (``tests/test_sia_config_memo.py``). The goodputs of the rows not memoised are computed for all
+those jobs together (:mod:`.sia_goodput`; a job's rows are planned, asked for, then assembled).
 """
 
 from __future__ import annotations
@@ -135,7 +136,7 @@ def row_inputs(job: JobView, current: tuple[int, int, int] | None, types: tuple[
                explore_factor: int) -> RowInputs:
     """What ``job``'s rows of this round's table are computed from (:mod:`.sia_job_rows`).
 
-    Everything :func:`job_rows` reads and nothing more, so that equal inputs mean equal rows: a type
+    Everything :func:`plan_rows` reads and nothing more, so that equal inputs mean equal rows: a type
     the job cannot run on this round is None, and the GPUs it may get on a type are capped at the
     largest count it could list (:func:`candidate_bound`), so that free GPUs varying above that
     leave a waiting job's inputs, and its memoised rows, as they were.
@@ -180,15 +181,9 @@ class RowPlan:
         return [plan.ask for plan in self.types if plan.ask is not None]
 
 
-def job_rows(inputs: RowInputs, node_size: Sequence[int], explore_factor: int,
-             cache: GoodputCache) -> JobRows:
-    """One job's rows of the table, computed from ``inputs`` alone (so they may be memoised by them)."""
-    plan = plan_rows(inputs, node_size, explore_factor)
-    return assemble_rows(plan, [cache.goodput(a.model, a.limits, a.nodes, a.counts) for a in plan.asks])
-
-
 def plan_rows(inputs: RowInputs, node_size: Sequence[int], explore_factor: int) -> RowPlan:
-    """The candidate counts of one job on every type it may run, and the goodputs they need."""
+    """The candidate counts of one job on every type it may run, and the goodputs they need; its
+    rows are a function of ``inputs`` alone (so they may be memoised by them)."""
     cur = inputs.current
     lo = max(inputs.min_replicas, 1)
     types: list[_TypePlan] = []
