@@ -78,7 +78,6 @@ from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
-from scipy.sparse import csr_array, vstack
 
 from pollux.goodput import BatchLimits
 from pollux.goodput.threads import one_blas_thread
@@ -88,7 +87,7 @@ from pollux.policy.placement import place_packed
 from pollux.policy.sia_configs import ConfigTable, build_configs, check_options, config_cost
 from pollux.policy.sia_goodput import GoodputCache
 from pollux.policy.sia_job_rows import RowMemo
-from pollux.policy.sia_lagrange import solve_reduced
+from pollux.policy.sia_lagrange import program_matrix, solve_reduced
 from pollux.policy.sia_prune import needed_columns
 
 #: Version tag of the (diagnostic) state this policy returns.
@@ -165,10 +164,7 @@ def solve_whole(cost: np.ndarray, gtype: np.ndarray, count: np.ndarray, job_row:
                 free_by_type: np.ndarray, *, mip_rel_gap: float, time_limit_s: float) -> BinarySolution:
     """The program as it is, by HiGHS (``job_row``: each column's job, 0, 1, …)."""
     num_rows = int(job_row.max()) + 1
-    cols = np.arange(cost.size)
-    per_job = csr_array((np.ones(cost.size), (job_row, cols)), shape=(num_rows, cost.size))
-    per_type = csr_array((count.astype(np.float64), (gtype, cols)), shape=(free_by_type.size, cost.size))
-    a = vstack([per_job, per_type], format="csc")
+    a = program_matrix(job_row, num_rows, gtype, count, free_by_type.size)
     ub = np.concatenate([np.ones(num_rows), free_by_type.astype(np.float64)])
     # Without HiGHS's feasibility-jump heuristic: it runs on a fixed budget of moves, ~11 ms a
     # program however small, and on these knapsacks the search finds the optimum without it (all

@@ -47,12 +47,12 @@ class GoodputCache:
     def goodput(self, model: GoodputModel, limits: BatchLimits, nodes: np.ndarray,
                 counts: np.ndarray) -> np.ndarray:
         """The goodput of one ask, from the memo or computed alone."""
-        ask = GoodputAsk(model, limits, nodes, counts)
-        hit = self._lookup(ask.key())
+        key = GoodputAsk(model, limits, nodes, counts).key()
+        hit = self._lookup(key)
         if hit is not None:
             return hit
         out = np.asarray(optimize(model, nodes, counts, limits).goodput, dtype=np.float64)
-        self._store(ask.key(), out)
+        self._store(key, out)
         return out
 
     def goodput_many(self, asks: Sequence[GoodputAsk]) -> list[np.ndarray]:

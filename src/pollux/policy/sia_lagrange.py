@@ -144,6 +144,16 @@ def first_minimum(columns: Columns, price: np.ndarray, best: np.ndarray) -> np.n
     return first[(best < 0) & (first < price.size)]
 
 
+def program_matrix(job_row: np.ndarray, num_rows: int, gtype: np.ndarray, count: np.ndarray,
+                   num_types: int) -> csc_array:
+    """The constraint matrix of Sia's program: one row per job (its columns), then one per GPU type
+    (each column's GPU count), column-compressed as HiGHS takes it."""
+    cols = np.arange(job_row.size)
+    per_job = csr_array((np.ones(job_row.size), (job_row, cols)), shape=(num_rows, job_row.size))
+    per_type = csr_array((count.astype(np.float64), (gtype, cols)), shape=(num_types, job_row.size))
+    return csc_array(vstack([per_job, per_type], format="csc"))
+
+
 def solve_reduced(cost: np.ndarray, gtype: np.ndarray, count: np.ndarray, job: np.ndarray,
                   free: np.ndarray, *, mip_rel_gap: float, time_limit_s: float) -> BinarySolution:
     """Sia's program (module docstring) with ``job[k]`` the job row (0, 1, …) of column k: the
@@ -208,13 +218,9 @@ def solve_restricted(columns: Columns, capacity: np.ndarray, kept: np.ndarray, i
     if free_columns.size == 0:
         return fixed_columns, 0
     row_of = np.cumsum(open_jobs) - 1
-    size = free_columns.size
     num_rows = int(open_jobs.sum())
-    per_job = csr_array((np.ones(size), (row_of[columns.job[free_columns]], np.arange(size))),
-                        shape=(num_rows, size))
-    per_type = csr_array((columns.count[free_columns], (columns.gtype[free_columns], np.arange(size))),
-                         shape=(capacity.size, size))
-    matrix = csc_array(vstack([per_job, per_type], format="csc"))
+    matrix = program_matrix(row_of[columns.job[free_columns]], num_rows, columns.gtype[free_columns],
+                            columns.count[free_columns], capacity.size)
     must_run = ~idle_ok[open_jobs]
     lower = np.r_[np.where(must_run, 1.0, -np.inf), np.full(capacity.size, -np.inf)]
     upper = np.r_[np.ones(num_rows), left]
