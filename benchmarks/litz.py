@@ -265,19 +265,24 @@ def scale_out(sz: Sizes) -> dict[str, Any]:
         s8_left = b8 - max(a8, t_at_tasks(tl8, tasks_at_trigger))
         ideal = (t_trig - ae) + s8_left
         t_trig_rt = rec["t_trigger"]
-        ready = (rec["t_ready"] if rec["t_ready"] is not None else t_trig_rt) - t_trig_rt
+        # None when the job ended before its new workers ran (a slow start under load): then no
+        # executor moved, and the figures that need the start-up time have none to give
+        ready = None if rec["t_ready"] is None else rec["t_ready"] - t_trig_rt
+        done = None if rec["t_done"] is None else rec["t_done"] - t_trig_rt
         reps.append({
             "elastic_s": t_el,
             "trigger_s": t_trig - ae,
             "new_workers_running_s": ready,
-            "moves_done_s": (rec["t_done"] if rec["t_done"] is not None else t_trig_rt) - t_trig_rt,
+            "moves_done_s": done,
             "executors_moved": rec["moved"],
             "tasks_at_trigger": tasks_at_trigger,
             "remaining_fraction": 1.0 - tasks_at_trigger / max(1, total),
             "static8_for_remaining_s": s8_left,
             "ideal_s": ideal,
             "elastic_over_ideal": t_el / ideal,
-            "elastic_over_ideal_if_workers_started_instantly": (t_el - 0.5 * ready) / ideal,
+            "elastic_over_ideal_if_workers_started_instantly": (
+                None if ready is None else (t_el - 0.5 * ready) / ideal
+            ),
             "reduction_vs_static4": 1.0 - t_el / t4,
             "elastic_wall_s": el.wall_s,
             "recoveries": el.recoveries,
@@ -286,9 +291,10 @@ def scale_out(sz: Sizes) -> dict[str, Any]:
             "objective": el.final.get("objective"),
         })  # fmt: skip
         r = reps[-1]
+        started = "not running before the job ended" if ready is None else f"running after {ready:.2f} s"
         log(f"scale_out: elastic 4->8 at {r['trigger_s']:.2f} s: {t_el:.2f} s, ideal "
             f"{ideal:.2f} s (x{r['elastic_over_ideal']:.3f}), {100 * r['reduction_vs_static4']:.1f} % "
-            f"shorter than static-4, new workers running after {ready:.2f} s")  # fmt: skip
+            f"shorter than static-4, new workers {started}")  # fmt: skip
     mid = sorted(reps, key=lambda r: r["elastic_over_ideal"])[len(reps) // 2]
     restarts = max(r["recoveries"] for r in reps)
     loads = max(r["checkpoints_loaded"] for r in reps)

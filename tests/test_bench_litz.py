@@ -71,10 +71,14 @@ def test_litz_benchmark_quick_json_has_every_section():
     assert so["restarts"] == 0 and so["checkpoints_loaded"] == 0
     assert all(r["final_workers"] == 8 for r in so["repeats"]), "the resize must be applied"
     # Executors move once the new workers run; under load their start-up can outlast the rest of the
-    # quick run (seen with a busy loop beside the suite: 0 moved), so the moves are checked when the
-    # new workers were running before the job's last report — an order of events, not a time limit.
-    if so["new_workers_running_s"] < so["elastic_s"] - so["trigger_s"]:
-        assert so["executors_moved"] > 0
+    # quick run (seen with a busy loop beside the suite, and in a suite run on a slow machine: 0
+    # moved). The benchmark then gives no start-up time (None), and the moves are checked only when
+    # the new workers ran — an order of events, not a time limit. Running workers always get moves.
+    if so["new_workers_running_s"] is None:
+        assert so["executors_moved"] == 0 and so["moves_done_s"] is None
+        assert so["elastic_over_ideal_if_workers_started_instantly"] is None
+    else:
+        assert 0 <= so["new_workers_running_s"] and so["executors_moved"] > 0
 
     si = rep["scale_in_release_s"]
     assert 0 < si["mlr"]["release_s"] < 60 and si["mlr"]["runs"][0]["moved"] > 0
