@@ -85,3 +85,38 @@ def test_shape_mismatch_is_a_clear_error() -> None:
     matrix = csc_array(np.ones((2, 3)))
     with pytest.raises(ValueError, match=r"matrix: shape \(2, 3\), expected \(2, 4\)"):
         solve_binary(np.zeros(4), matrix, np.ones(2), mip_rel_gap=1e-7, time_limit_s=1.0)
+
+
+@pytest.mark.parametrize("seed", range(16))
+def test_relaxation_first_reaches_the_same_optimum(seed: int) -> None:
+    # Sia-like programs, some with a fractional relaxation (tight capacities), some without: the
+    # optimum is the branch and bound's either way, and every answer is a feasible 0/1 point.
+    rng = np.random.default_rng(300 + seed)
+    cost, matrix, upper = _sia_like(rng, jobs=int(rng.integers(1, 80)), types=int(rng.integers(1, 4)))
+    plain = solve_binary(cost, matrix, upper, mip_rel_gap=0.0, time_limit_s=30.0)
+    first = solve_binary(cost, matrix, upper, mip_rel_gap=0.0, time_limit_s=30.0, relaxation_first=True)
+    assert plain.x is not None and first.x is not None
+    assert first.status == plain.status == 0
+    assert set(np.unique(first.x).tolist()) <= {0.0, 1.0}
+    assert np.all(matrix @ first.x <= upper + 1e-9)
+    assert float(cost @ first.x) == pytest.approx(float(cost @ np.rint(plain.x)), rel=1e-9, abs=1e-9)
+
+
+def test_a_fractional_relaxation_goes_on_to_the_branch_and_bound() -> None:
+    # Two jobs of 2 GPUs each, 3 GPUs free: the relaxation runs one and a half jobs (value −1.5);
+    # the binary optimum runs one (−1). An answer taken from the relaxation would be fractional or
+    # infeasible.
+    cost = np.array([-1.0, -1.0])
+    matrix = csc_array(np.array([[1.0, 0.0], [0.0, 1.0], [2.0, 2.0]]))
+    upper = np.array([1.0, 1.0, 3.0])
+    res = solve_binary(cost, matrix, upper, mip_rel_gap=0.0, time_limit_s=30.0, relaxation_first=True)
+    assert res.x is not None and res.status == 0
+    np.testing.assert_array_equal(np.sort(np.rint(res.x)), [0.0, 1.0])
+    assert np.all(np.abs(res.x - np.rint(res.x)) < 1e-9)
+
+
+def test_relaxation_first_keeps_the_infeasible_answer() -> None:
+    matrix = csc_array(np.array([[1.0, 1.0]]))
+    res = solve_binary(np.array([-1.0, -2.0]), matrix, np.array([-1.0]), mip_rel_gap=1e-7,
+                       time_limit_s=30.0, relaxation_first=True)
+    assert res.x is None and res.status == 2

@@ -53,7 +53,8 @@ class BinarySolution:
 def solve_binary(cost: np.ndarray, matrix: csc_array, upper: np.ndarray, *, mip_rel_gap: float,
                  time_limit_s: float, presolve: bool = False, feasibility_jump: bool = True,
                  lower: np.ndarray | None = None, offset: float = 0.0,
-                 start: np.ndarray | None = None, max_nodes: int | None = None) -> BinarySolution:
+                 start: np.ndarray | None = None, max_nodes: int | None = None,
+                 relaxation_first: bool = False) -> BinarySolution:
     """Minimise ``cost·x`` over binary ``x`` with ``lower ≤ matrix·x ≤ upper`` (``lower`` None: the
     rows are unbounded below; −inf in it leaves that row unbounded below). ``offset`` is added to
     the objective; it matters only through the relative gap, which HiGHS measures on the objective
@@ -65,6 +66,12 @@ def solve_binary(cost: np.ndarray, matrix: csc_array, upper: np.ndarray, *, mip_
     ``presolve`` and ``feasibility_jump`` (HiGHS's primal heuristic of that name, which spends a
     fixed budget of moves before the search, ~11 ms even on a two-column program) switch those
     parts of HiGHS on or off; the defaults are HiGHS's own but for presolve, off as Sia runs it.
+
+    ``relaxation_first`` solves the linear relaxation (0 ≤ x ≤ 1) by the simplex method first. The
+    simplex ends at a vertex; when that vertex is 0/1 it is an optimum of the binary program too (no
+    binary point is cheaper than the relaxation's optimum), and it is returned without the branch and
+    bound. Otherwise HiGHS solves the binary program as without the option. On Sia's programs, whose
+    relaxations are mostly integral, this saves most of the solve (:func:`pollux.policy.sia.solve_whole`).
 
     ``matrix`` is column-compressed (HiGHS's own column-wise format, passed without conversion).
     A solution is returned when HiGHS proves it optimal, or stops at a limit holding a feasible one
@@ -78,6 +85,10 @@ def solve_binary(cost: np.ndarray, matrix: csc_array, upper: np.ndarray, *, mip_
         lower = np.full(num_row, -np.inf)
     elif lower.shape != (num_row,):
         raise ValueError(f"lower: shape {lower.shape}, expected ({num_row},)")
+    if relaxation_first:
+        vertex = _integral_vertex(cost, matrix, lower, upper, offset, time_limit_s)
+        if vertex is not None:
+            return BinarySolution(vertex, SCIPY_STATUS[_STATUS.kOptimal])
     solver = highspy.Highs()
     solver.setOptionValue("output_flag", False)
     solver.setOptionValue("log_to_console", False)
@@ -87,14 +98,7 @@ def solve_binary(cost: np.ndarray, matrix: csc_array, upper: np.ndarray, *, mip_
     solver.setOptionValue("mip_heuristic_run_feasibility_jump", bool(feasibility_jump))
     if max_nodes is not None:
         solver.setOptionValue("mip_max_nodes", int(max_nodes))
-    solver.passModel(
-        num_col, num_row, int(matrix.nnz), int(highspy.MatrixFormat.kColwise),
-        int(highspy.ObjSense.kMinimize), float(offset),
-        np.ascontiguousarray(cost, dtype=np.float64), np.zeros(num_col), np.ones(num_col),
-        np.ascontiguousarray(lower, dtype=np.float64), np.ascontiguousarray(upper, dtype=np.float64),
-        matrix.indptr.astype(np.int32), matrix.indices.astype(np.int32),
-        matrix.data.astype(np.float64), np.ones(num_col, dtype=np.int32),
-    )
+    _pass_model(solver, cost, matrix, lower, upper, offset, integral=True)
     if start is not None:
         solver.setSolution(num_col, np.arange(num_col, dtype=np.int32),
                            np.ascontiguousarray(start, dtype=np.float64))
@@ -108,3 +112,42 @@ def solve_binary(cost: np.ndarray, matrix: csc_array, upper: np.ndarray, *, mip_
     if not found:
         return BinarySolution(None, status, node_limit)
     return BinarySolution(np.asarray(solver.getSolution().col_value, dtype=np.float64), status, node_limit)
+
+
+def _pass_model(solver: highspy.Highs, cost: np.ndarray, matrix: csc_array, lower: np.ndarray,
+                upper: np.ndarray, offset: float, *, integral: bool) -> None:
+    """Hand the program to ``solver``: columns in [0, 1], binary when ``integral``."""
+    num_col, num_row = int(cost.size), int(upper.size)
+    solver.passModel(
+        num_col, num_row, int(matrix.nnz), int(highspy.MatrixFormat.kColwise),
+        int(highspy.ObjSense.kMinimize), float(offset),
+        np.ascontiguousarray(cost, dtype=np.float64), np.zeros(num_col), np.ones(num_col),
+        np.ascontiguousarray(lower, dtype=np.float64), np.ascontiguousarray(upper, dtype=np.float64),
+        matrix.indptr.astype(np.int32), matrix.indices.astype(np.int32),
+        matrix.data.astype(np.float64), np.full(num_col, 1 if integral else 0, dtype=np.int32),
+    )
+
+
+#: A relaxation's value this close to 0 or 1 counts as that integer (HiGHS's primal feasibility
+#: tolerance is 1e-7; a vertex of these programs is exactly 0/1 where it is integral).
+INTEGRAL_TOL = 1e-9
+
+
+def _integral_vertex(cost: np.ndarray, matrix: csc_array, lower: np.ndarray, upper: np.ndarray,
+                     offset: float, time_limit_s: float) -> np.ndarray | None:
+    """The simplex optimum of the linear relaxation when it is 0/1 (as 0.0/1.0), else None."""
+    solver = highspy.Highs()
+    solver.setOptionValue("output_flag", False)
+    solver.setOptionValue("log_to_console", False)
+    solver.setOptionValue("time_limit", float(time_limit_s))
+    solver.setOptionValue("presolve", "off")
+    solver.setOptionValue("solver", "simplex")
+    _pass_model(solver, cost, matrix, lower, upper, offset, integral=False)
+    solver.run()
+    if solver.getModelStatus() != _STATUS.kOptimal:
+        return None
+    x = np.asarray(solver.getSolution().col_value, dtype=np.float64)
+    rounded = np.rint(x)
+    if x.size and float(np.abs(x - rounded).max()) > INTEGRAL_TOL:
+        return None
+    return rounded

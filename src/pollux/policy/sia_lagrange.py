@@ -50,7 +50,7 @@ from dataclasses import dataclass
 
 import highspy
 import numpy as np
-from scipy.sparse import csc_array, csr_array, vstack
+from scipy.sparse import csc_array
 
 from pollux.policy.binary_program import BinarySolution, solve_binary
 
@@ -147,11 +147,22 @@ def first_minimum(columns: Columns, price: np.ndarray, best: np.ndarray) -> np.n
 def program_matrix(job_row: np.ndarray, num_rows: int, gtype: np.ndarray, count: np.ndarray,
                    num_types: int) -> csc_array:
     """The constraint matrix of Sia's program: one row per job (its columns), then one per GPU type
-    (each column's GPU count), column-compressed as HiGHS takes it."""
-    cols = np.arange(job_row.size)
-    per_job = csr_array((np.ones(job_row.size), (job_row, cols)), shape=(num_rows, job_row.size))
-    per_type = csr_array((count.astype(np.float64), (gtype, cols)), shape=(num_types, job_row.size))
-    return csc_array(vstack([per_job, per_type], format="csc"))
+    (each column's GPU count), column-compressed as HiGHS takes it.
+
+    Every column has exactly two entries, its job's row (1) and its type's row below (its count),
+    so the compressed arrays are written directly: indices sorted within each column, as scipy's
+    own construction gives them, at a small fraction of its cost (it was 6 of the 21 s of solving
+    in Sia's 960-job run under a profiler).
+    """
+    size = int(job_row.size)
+    indices = np.empty(2 * size, dtype=np.int32)
+    indices[0::2] = job_row
+    indices[1::2] = num_rows + np.asarray(gtype)
+    data = np.empty(2 * size, dtype=np.float64)
+    data[0::2] = 1.0
+    data[1::2] = count
+    indptr = np.arange(0, 2 * size + 1, 2, dtype=np.int32)
+    return csc_array((data, indices, indptr), shape=(num_rows + num_types, size))
 
 
 def solve_reduced(cost: np.ndarray, gtype: np.ndarray, count: np.ndarray, job: np.ndarray,
