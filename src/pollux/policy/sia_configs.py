@@ -50,7 +50,17 @@ import numpy as np
 from pollux.goodput import BatchLimits, exploration_cap
 from pollux.policy.base import Cluster, JobView, restart_factors
 from pollux.policy.sia_goodput import GoodputAsk, GoodputCache
-from pollux.policy.sia_job_rows import JobRows, RowInputs, RowMemo, TypeInput, candidate_bound
+from pollux.policy.sia_job_rows import (
+    JobRows,
+    RowInputs,
+    RowMemo,
+    RowPlan,
+    TypeInput,
+    TypePlan,
+    candidate_bound,
+    count_key,
+    effective_limits,
+)
 
 #: Normalised goodputs below this count as this (bounds every cost for p < 0).
 G_FLOOR = 1e-3
@@ -157,43 +167,17 @@ def row_inputs(job: JobView, current: tuple[int, int, int] | None, types: tuple[
                      max_replicas_seen=int(job.max_replicas_seen), fixed=fixed, per_type=tuple(per_type))
 
 
-@dataclass(frozen=True, slots=True)
-class _TypePlan:
-    """One type of a job's rows before the goodputs are known: its candidate counts, which of them
-    fit this round, and the goodputs to ask for (None for a job without a model: G = GPUs / fewest)."""
-
-    gtype: int
-    counts: np.ndarray
-    fits: np.ndarray
-    ask: GoodputAsk | None
-
-
-@dataclass(frozen=True, slots=True)
-class RowPlan:
-    """A job's rows up to the goodputs: :func:`plan_rows` makes it, :func:`assemble_rows` finishes it
-    with the answers to its :attr:`asks` — split so that a round's asks go to the optimiser together."""
-
-    current: tuple[int, int, int] | None
-    types: tuple[_TypePlan, ...]
-
-    @property
-    def asks(self) -> list[GoodputAsk]:
-        return [plan.ask for plan in self.types if plan.ask is not None]
-
-
 def plan_rows(inputs: RowInputs, node_size: Sequence[int], explore_factor: int) -> RowPlan:
     """The candidate counts of one job on every type it may run, and the goodputs they need; its
     rows are a function of ``inputs`` alone (so they may be memoised by them)."""
     cur = inputs.current
     lo = max(inputs.min_replicas, 1)
-    types: list[_TypePlan] = []
+    types: list[TypePlan] = []
     for t, given in enumerate(inputs.per_type):
         if given is None:
             continue
         model = given.model
-        limits = given.limits
-        if model is not None and limits is None:
-            limits = BatchLimits(model.init_batch_size)
+        limits = effective_limits(given)
         keep = cur[1] if cur is not None and cur[0] == t else 0
         if inputs.fixed is not None:
             cand = np.asarray([inputs.fixed], dtype=np.int64)
@@ -212,7 +196,7 @@ def plan_rows(inputs: RowInputs, node_size: Sequence[int], explore_factor: int) 
         if not fits.any():
             continue
         if model is None:
-            types.append(_TypePlan(t, cand, fits, None))
+            types.append(TypePlan(t, cand, fits, None))
             continue
         assert limits is not None
         nodes = -(-cand // node_size[t])
@@ -222,7 +206,7 @@ def plan_rows(inputs: RowInputs, node_size: Sequence[int], explore_factor: int) 
         # Each entry is computed on its own (optimize is elementwise), so dropping the counts that
         # do not fit afterwards gives exactly what computing only the others would.
         ask = GoodputAsk(model, limits, np.concatenate([nodes, [1]]), np.concatenate([cand, [1]]))
-        types.append(_TypePlan(t, cand, fits, ask))
+        types.append(TypePlan(t, cand, fits, ask))
     return RowPlan(cur, tuple(types))
 
 
@@ -310,21 +294,25 @@ def build_configs(
 
     currents = [current_config(job, cluster, node_index, node_type) for job in jobs]
     rows: list[JobRows] = []
-    missing: list[tuple[int, RowInputs, RowPlan]] = []       # (place in rows, inputs, plan)
+    missing: list[tuple[int, RowInputs, tuple, RowPlan]] = []  # (place in rows, inputs, count key, plan)
     for job, cur in zip(jobs, currents, strict=True):
         inputs = row_inputs(job, cur, types, free, node_size, rigid_fixed=rigid_fixed,
                             explore_factor=explore_factor)
         found = memo.get(job.id, inputs) if memo is not None else None
         if found is None:
-            missing.append((len(rows), inputs, plan_rows(inputs, node_size, explore_factor)))
+            key = count_key(inputs)
+            plan = memo.plan(job.id, inputs, key) if memo is not None else None
+            if plan is None:
+                plan = plan_rows(inputs, node_size, explore_factor)
+            missing.append((len(rows), inputs, key, plan))
             found = _NO_ROWS                       # a place holder, filled below
         rows.append(found)
     # The rows not memoised: every goodput they need asked at once (one batched optimisation).
-    answers = iter(cache.goodput_many([ask for _, _, plan in missing for ask in plan.asks]))
-    for i, inputs, plan in missing:
+    answers = iter(cache.goodput_many([ask for _, _, _, plan in missing for ask in plan.asks]))
+    for i, inputs, key, plan in missing:
         made = assemble_rows(plan, [next(answers) for _ in plan.asks])
         if memo is not None:
-            memo.put(jobs[i].id, inputs, made)
+            memo.put(jobs[i].id, inputs, made, key, plan)
         rows[i] = made
 
     sizes = np.fromiter((r.size for r in rows), dtype=np.int64, count=len(rows))
