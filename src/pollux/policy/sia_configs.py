@@ -151,20 +151,27 @@ def row_inputs(job: JobView, current: tuple[int, int, int] | None, types: tuple[
     largest count it could list (:func:`candidate_bound`), so that free GPUs varying above that
     leave a waiting job's inputs, and its memoised rows, as they were.
     """
-    lo = max(int(job.min_replicas), 1)
+    # Called for every job every round: the job's fields are read once, and its per-type model and
+    # limits looked up here as JobView.model_for / limits_for would (the same values).
+    min_replicas = int(job.min_replicas)
+    max_replicas = int(job.max_replicas)
+    seen = int(job.max_replicas_seen)
+    lo = max(min_replicas, 1)
     fixed = int(job.fixed[0]) if rigid_fixed and job.fixed is not None else None
-    bound = candidate_bound(current, int(job.min_replicas), int(job.max_replicas_seen), fixed,
-                            explore_factor)
+    bound = candidate_bound(current, min_replicas, seen, fixed, explore_factor)
+    type_models = job.type_models
+    type_limits = job.type_limits
     per_type: list[TypeInput | None] = []
     for t, name in enumerate(types):
-        upper_hw = min(free_by_type[t], int(job.max_replicas))
-        no_profile = job.type_models is not None and name not in job.type_models
+        upper_hw = min(free_by_type[t], max_replicas)
+        no_profile = type_models is not None and name not in type_models
         if no_profile or upper_hw < lo or node_size[t] <= 0:
             per_type.append(None)                 # cannot run here this round
             continue
-        per_type.append(TypeInput(job.model_for(name), job.limits_for(name), min(upper_hw, bound)))
-    return RowInputs(current=current, min_replicas=int(job.min_replicas), max_replicas=int(job.max_replicas),
-                     max_replicas_seen=int(job.max_replicas_seen), fixed=fixed, per_type=tuple(per_type))
+        model = job.model if type_models is None else type_models[name]
+        limits = type_limits[name] if type_limits is not None and name in type_limits else job.limits
+        per_type.append(TypeInput(model, limits, min(upper_hw, bound)))
+    return RowInputs(current, min_replicas, max_replicas, seen, fixed, tuple(per_type))
 
 
 def plan_rows(inputs: RowInputs, node_size: Sequence[int], explore_factor: int) -> RowPlan:
@@ -212,44 +219,45 @@ def plan_rows(inputs: RowInputs, node_size: Sequence[int], explore_factor: int) 
 
 def assemble_rows(plan: RowPlan, goodputs: Sequence[np.ndarray]) -> JobRows:
     """The rows of ``plan`` with ``goodputs``, the answers to its asks in order."""
-    cur = plan.current
     per_type: dict[int, tuple[int, ...]] = {}
-    raw: list[tuple[int, np.ndarray, np.ndarray]] = []      # (type, counts, raw goodput)
+    kept_types: list[int] = []
+    kept_counts: list[np.ndarray] = []
+    kept_goodputs: list[np.ndarray] = []                    # raw, before the normaliser
     best1 = 0.0
     no_model = True
     answers = iter(goodputs)
     for t_plan in plan.types:
-        t, cand, fits = t_plan.gtype, t_plan.counts, t_plan.fits
+        t, cand, fits = t_plan.gtype, t_plan.counts[t_plan.fits], t_plan.fits
         if t_plan.ask is None:
-            cand = cand[fits]
-            raw.append((t, cand, cand.astype(np.float64) / float(cand[0])))
-            per_type[t] = tuple(int(c) for c in cand)
-            continue
-        no_model = False
-        every = next(answers)
-        good = np.concatenate([every[:-1][fits], every[-1:]])
-        cand = cand[fits]
-        best1 = max(best1, float(good[-1]))
-        ok = good[:-1] > 0.0
-        if ok.any():
-            raw.append((t, cand[ok], good[:-1][ok]))
-            per_type[t] = tuple(int(c) for c in cand[ok])
-    if not raw:
+            good = cand.astype(np.float64) / float(cand[0])
+        else:
+            no_model = False
+            every = next(answers)                             # the candidates, then the 1-GPU reference
+            best1 = max(best1, float(every[-1]))
+            good = every[:-1][fits]
+            ok = good > 0.0
+            if not ok.all():
+                if not ok.any():
+                    continue
+                cand, good = cand[ok], good[ok]
+        kept_types.append(t)
+        kept_counts.append(cand)
+        kept_goodputs.append(good)
+        per_type[t] = tuple(cand.tolist())
+    if not kept_types:
         return _NO_ROWS
     # G = goodput over the best 1-GPU goodput on any type (no model: G = GPUs / fewest GPUs).
     norm = 1.0
     if not no_model:
-        norm = best1 if best1 > 0.0 else float(min(r[2].min() for r in raw))
-    changed: list[np.ndarray] = []
-    for t, cand, _ in raw:
-        ch = np.ones(cand.size, dtype=bool)
-        if cur is not None and cur[0] == t:
-            ch &= cand != cur[1]
-        changed.append(ch)
-    return JobRows(gtype=np.concatenate([np.full(r[1].size, r[0], dtype=np.int64) for r in raw]),
-                   count=np.concatenate([r[1] for r in raw]).astype(np.int64),
-                   goodput=np.concatenate([r[2] / norm for r in raw]).astype(np.float64),
-                   changed=np.concatenate(changed), counts=per_type, norm=norm)
+        norm = best1 if best1 > 0.0 else float(min(good.min() for good in kept_goodputs))
+    count = np.concatenate(kept_counts).astype(np.int64, copy=False)
+    gtype = np.repeat(np.asarray(kept_types, dtype=np.int64), [c.size for c in kept_counts])
+    changed = np.ones(count.size, dtype=bool)
+    cur = plan.current
+    if cur is not None:
+        changed &= (gtype != cur[0]) | (count != cur[1])
+    return JobRows(gtype=gtype, count=count, goodput=np.concatenate(kept_goodputs) / norm,
+                   changed=changed, counts=per_type, norm=norm)
 
 
 #: The rows of a job that can run nowhere this round.
