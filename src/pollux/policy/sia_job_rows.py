@@ -162,7 +162,7 @@ class RowMemo:
 
     An entry also keeps the plan its rows were assembled from: a job whose inputs changed only in
     their goodput models (a running job's gradient statistics move at every epoch, a refit moves its
-    throughput model; 9 of 10 of the memo's misses in Sia's 960-job run) plans the same counts, so
+    throughput model; 19,379 of the 22,832 misses in Sia's 960-job run) plans the same counts, so
     :meth:`plan` hands that plan back for its new models, and only the goodputs are computed again.
     """
 
